@@ -1,0 +1,29 @@
+// Run-time CPU feature detection and the kernel path in use.
+#pragma once
+
+#include <string_view>
+
+namespace ferry {
+
+// Kernel paths, from the portable reference up. Every path computes every
+// output element with the same arithmetic in the same order (see
+// docs/KERNELS.md), so they are interchangeable bit for bit.
+enum class CpuPath { Reference, Avx2, Avx512 };
+
+struct CpuFeatures {
+  bool avx2 = false;
+  bool fma = false;
+  bool f16c = false;
+  bool avx512f = false;
+  bool avx512bw = false;
+  bool avx512vl = false;
+  bool avx512dq = false;
+};
+
+const CpuFeatures& cpu_features();
+// The best path this CPU supports; FERRY_CPU_PATH=reference|avx2|avx512
+// lowers it (a request above what the CPU has is an error).
+CpuPath best_cpu_path();
+std::string_view cpu_path_name(CpuPath p);
+
+}  // namespace ferry

@@ -1,0 +1,65 @@
+// Per-request sampling: penalties, temperature, top-k, top-p, min-p and a
+// seeded generator. Deterministic: the same logits, history and seed give
+// the same token on every machine (own PRNG, fixed processing order).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+namespace ferry::engine {
+
+struct SamplingParams {
+  float temperature = 1.0f;  // 0: greedy
+  float top_p = 1.0f;        // (0, 1]
+  int32_t top_k = 0;         // 0: off
+  float min_p = 0.0f;        // [0, 1]
+  float presence_penalty = 0.0f;   // [-2, 2], on generated tokens
+  float frequency_penalty = 0.0f;  // [-2, 2], on generated tokens
+  float repetition_penalty = 1.0f; // > 0, on prompt and generated tokens
+  std::optional<uint64_t> seed;    // none: drawn from the OS
+  // Throws ferry::Error("[sampling] ...") naming the first bad field.
+  void validate() const;
+};
+
+// splitmix64-seeded xoshiro256**: small, fast and identical everywhere.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed);
+  uint64_t next();
+  double uniform();  // [0, 1) with 53 random bits
+ private:
+  uint64_t s_[4];
+};
+
+struct Sampled {
+  int32_t token;
+  float logprob;  // log-softmax of the raw model logits at `token`
+};
+
+class Sampler {
+ public:
+  Sampler(const SamplingParams& params, std::span<const int32_t> prompt);
+  // Picks the next token from raw logits; `logits` is used as scratch.
+  Sampled sample(std::span<float> logits);
+  // Records a generated token (for penalties).
+  void accept(int32_t token);
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  void apply_penalties(std::span<float> logits) const;
+
+  SamplingParams params_;
+  Rng rng_;
+  std::unordered_map<int32_t, int32_t> generated_counts_;
+  std::vector<int32_t> seen_;  // prompt ∪ generated, for repetition_penalty
+  std::vector<uint8_t> seen_mask_;
+  std::vector<std::pair<float, int32_t>> cand_;
+};
+
+// log-softmax of raw logits at `token`, computed in double.
+float log_softmax_at(std::span<const float> logits, int32_t token);
+
+}  // namespace ferry::engine

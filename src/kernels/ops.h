@@ -1,0 +1,86 @@
+// The CPU op interface that model code is written against.
+//
+// Invariant the whole project relies on (docs/KERNELS.md): every output
+// element is reduced in one fixed order that depends only on the element's
+// own inputs: not on the number of rows in the call, their position in it,
+// the thread count or the kernel path. So a token gets bit-identical results
+// alone or in a batch of 16, and the reference, AVX2 and AVX-512 paths agree
+// bit for bit. Threads split outputs, never reductions.
+//
+// Shapes are row-major; "rows" are token rows of a step (all sequences'
+// new tokens concatenated). All reduction lengths are multiples of 16.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/cpu.h"
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+
+namespace ferry::kernels {
+
+// Explicit per-call context: where to run and which path.
+struct Context {
+  ThreadPool* pool = nullptr;  // null: run on the calling thread
+  CpuPath path = CpuPath::Reference;
+};
+
+// A weight matrix of n_out rows of n_in elements each (GGUF shape [n_in,
+// n_out]), stored in `type` with rows contiguous.
+struct WeightView {
+  DType type = DType::F32;
+  const uint8_t* data = nullptr;
+  size_t n_in = 0;
+  size_t n_out = 0;
+  size_t row_bytes() const { return ferry::row_bytes(type, n_in); }
+};
+
+// y[r, j] = sum_k W[j, k] * x[r, k]   x: [n_rows, n_in], y: [n_rows, n_out].
+void matmul(const Context& ctx, const WeightView& w, const float* x, size_t n_rows, float* y);
+
+// out[r, :] = decoded row tokens[r] of the embedding table.
+void embed(const WeightView& table, std::span<const int32_t> tokens, float* out);
+
+// out[r] = x[r] * (1 / sqrt(mean(x[r]^2) + eps)) * w. Sum of squares in the
+// canonical dot order. out may alias x.
+void rmsnorm(const Context& ctx, const float* x, const float* w, size_t n_rows, size_t dim,
+             float eps, float* out);
+
+// Rotary embedding in GGML's "normal" layout: pairs (2i, 2i+1) of each head
+// rotate by angle pos * inv_freq[i]. x: [n_heads, head_dim], in place.
+// inv_freq has head_dim / 2 entries (any rope scaling already folded in).
+void rope(float* x, size_t n_heads, size_t head_dim, int64_t pos, const float* inv_freq);
+
+// gate[i] = silu(gate[i]) * up[i].
+void silu_mul(float* gate, const float* up, size_t n);
+
+// x[i] += y[i].
+void add_inplace(float* x, const float* y, size_t n);
+
+// One query token's attention over one sequence's keys.
+// Key j of kv head h lives at k + h * kv_head_stride + j * head_dim (same for
+// v). Query head h reads kv head h / (n_heads / n_kv_heads). The caller
+// passes exactly the keys this query may see (causal, unpadded): masked keys
+// are never part of the reduction.
+struct AttentionTask {
+  const float* q = nullptr;  // [n_heads, head_dim]
+  const float* k = nullptr;
+  const float* v = nullptr;
+  size_t kv_head_stride = 0;
+  size_t n_keys = 0;
+  float* out = nullptr;  // [n_heads, head_dim]
+};
+struct AttentionShape {
+  size_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  float scale = 1.0f;
+};
+// Runs every task × head, threads split over (task, head) pairs.
+void attention(const Context& ctx, const AttentionShape& shape, std::span<const AttentionTask> tasks);
+
+// Dispatched primitive (exposed for the op-consistency test).
+float dot(CpuPath path, const float* a, const float* b, size_t n);
+
+}  // namespace ferry::kernels

@@ -1,0 +1,101 @@
+// Vec16: sixteen float lanes, the unit of every reduction in ferry.
+//
+// The canonical dot product of two length-K vectors (K a multiple of 16) is
+//   lane[l] = fma(a[k], b[k], lane[l]) for k = l, l+16, l+32, ... in order,
+// then the fixed tree  ((l0+l8) ...)  of reduce() below. The reference path
+// emulates the lanes with std::fma; AVX2 holds them in two ymm registers and
+// AVX-512 in one zmm, so all paths round identically and give the same bits.
+// This header is included by one translation unit per path, each compiled
+// with that path's ISA flags (FERRY_VEC_ISA selects the implementation).
+#pragma once
+
+#include <cmath>
+
+#if defined(FERRY_VEC_AVX512) || defined(FERRY_VEC_AVX2)
+#include <immintrin.h>
+#endif
+
+namespace ferry::kernels {
+// Internal linkage: each kernel path's translation unit compiles its own copy
+// with its own ISA; sharing one definition across them would break the ODR.
+namespace {
+
+#if defined(FERRY_VEC_AVX512)
+struct Vec16 {
+  __m512 v;
+  static Vec16 zero() { return {_mm512_setzero_ps()}; }
+  static Vec16 load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  static Vec16 splat(float x) { return {_mm512_set1_ps(x)}; }
+  void store(float* p) const { _mm512_storeu_ps(p, v); }
+  // this = a * b + this, one rounding per lane.
+  void fma(Vec16 a, Vec16 b) { v = _mm512_fmadd_ps(a.v, b.v, v); }
+  float reduce() const {
+    // extractf32x8(v, 0) rather than castps512_ps256: GCC 12 warns on the cast.
+    __m256 s8 = _mm256_add_ps(_mm512_extractf32x8_ps(v, 0), _mm512_extractf32x8_ps(v, 1));
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+    return _mm_cvtss_f32(s1);
+  }
+};
+#elif defined(FERRY_VEC_AVX2)
+struct Vec16 {
+  __m256 lo, hi;  // lanes 0-7, 8-15
+  static Vec16 zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static Vec16 load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  static Vec16 splat(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+  void store(float* p) const {
+    _mm256_storeu_ps(p, lo);
+    _mm256_storeu_ps(p + 8, hi);
+  }
+  void fma(Vec16 a, Vec16 b) {
+    lo = _mm256_fmadd_ps(a.lo, b.lo, lo);
+    hi = _mm256_fmadd_ps(a.hi, b.hi, hi);
+  }
+  float reduce() const {
+    __m256 s8 = _mm256_add_ps(lo, hi);
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+    return _mm_cvtss_f32(s1);
+  }
+};
+#else
+struct Vec16 {
+  float l[16];
+  static Vec16 zero() { return Vec16{}; }
+  static Vec16 load(const float* p) {
+    Vec16 r;
+    for (int i = 0; i < 16; ++i) r.l[i] = p[i];
+    return r;
+  }
+  static Vec16 splat(float x) {
+    Vec16 r;
+    for (int i = 0; i < 16; ++i) r.l[i] = x;
+    return r;
+  }
+  void store(float* p) const {
+    for (int i = 0; i < 16; ++i) p[i] = l[i];
+  }
+  void fma(Vec16 a, Vec16 b) {
+    for (int i = 0; i < 16; ++i) l[i] = std::fma(a.l[i], b.l[i], l[i]);
+  }
+  float reduce() const {
+    float s8[8], s4[4], s2[2];
+    for (int i = 0; i < 8; ++i) s8[i] = l[i] + l[i + 8];
+    for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
+    for (int i = 0; i < 2; ++i) s2[i] = s4[i] + s4[i + 2];
+    return s2[0] + s2[1];
+  }
+};
+#endif
+
+// Canonical dot product; n % 16 == 0.
+inline float dot16(const float* a, const float* b, size_t n) {
+  Vec16 acc = Vec16::zero();
+  for (size_t k = 0; k < n; k += 16) acc.fma(Vec16::load(a + k), Vec16::load(b + k));
+  return acc.reduce();
+}
+
+}  // namespace
+}  // namespace ferry::kernels

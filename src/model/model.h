@@ -1,0 +1,69 @@
+// The model seam: one forward step over a batch of rows, each row a
+// sequence with its own new tokens, positions and cache. Architectures
+// implement it (model/llama.cpp); the engine never sees tensor names.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf.h"
+#include "kernels/ops.h"
+#include "kv/sequence_kv.h"
+
+namespace ferry::model {
+
+struct ModelConfig {
+  std::string arch;
+  std::string name;
+  size_t n_layers = 0;
+  size_t n_embd = 0;
+  size_t n_ff = 0;
+  size_t n_heads = 0;
+  size_t n_kv_heads = 0;
+  size_t head_dim = 0;
+  size_t vocab_size = 0;
+  size_t context_length = 0;
+  float rms_eps = 1e-5f;
+  float rope_base = 10000.0f;
+  // head_dim / 2 inverse frequencies with any rope scaling folded in.
+  std::vector<float> rope_inv_freq;
+  kv::KvShape kv_shape() const { return {n_layers, n_kv_heads, head_dim}; }
+};
+
+// One row of a step: `tokens` are appended at positions pos0, pos0+1, ...
+// (pos0 must equal kv->length()). If all_logits, the row contributes one
+// logits vector per token, else only for its last token.
+struct RowStep {
+  std::span<const int32_t> tokens;
+  kv::SequenceKv* kv = nullptr;
+  bool all_logits = false;
+};
+
+using LoadProgress = std::function<void(double fraction)>;
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  const ModelConfig& config() const { return config_; }
+  const gguf::File& file() const { return *file_; }
+
+  // Runs one step. logits is resized to [n_outputs, vocab_size], rows'
+  // outputs in order. Each output depends only on its own row (see
+  // kernels/ops.h), so batching never changes a row's logits.
+  virtual void forward(const kernels::Context& ctx, std::span<const RowStep> rows,
+                       std::vector<float>& logits) const = 0;
+
+ protected:
+  ModelConfig config_;
+  std::unique_ptr<gguf::File> file_;
+};
+
+// Opens a GGUF model, picks its architecture, validates every tensor and
+// pre-faults the weights, reporting progress. Throws ferry::Error.
+std::unique_ptr<Model> load_model(const std::string& path, const LoadProgress& progress = {});
+
+}  // namespace ferry::model

@@ -1,0 +1,190 @@
+// Op consistency: every op × dtype × kernel path against the reference
+// path, bit for bit (docs/KERNELS.md: all paths share one reduction order),
+// and the reference against a float64 computation within a stated bound.
+// Also the batch-invariance invariant: an output element never depends on
+// the number of rows in the call or the number of threads.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "core/cpu.h"
+#include "core/error.h"
+#include "kernels/kernel_test_util.h"
+#include "kernels/ops.h"
+#include "kernels/quant_blocks.h"
+
+namespace ferry::kernels {
+namespace {
+
+using test::kAllTypes;
+using test::random_floats;
+using test::random_weights;
+
+std::vector<CpuPath> available_paths() {
+  std::vector<CpuPath> p{CpuPath::Reference};
+  CpuPath best = best_cpu_path();
+  if (best >= CpuPath::Avx2) p.push_back(CpuPath::Avx2);
+  if (best >= CpuPath::Avx512) p.push_back(CpuPath::Avx512);
+  return p;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+TEST(Kernels, MachineHasFastPath) {
+  // Documented, not required: which path this machine runs.
+  std::printf("best path: %s\n", std::string(cpu_path_name(best_cpu_path())).c_str());
+  SUCCEED();
+}
+
+TEST(Kernels, DotAllPathsBitIdenticalAndCloseToFloat64) {
+  for (size_t n : {16u, 48u, 576u, 1536u}) {
+    auto a = random_floats(n, 1), b = random_floats(n, 2);
+    double exact = 0, mag = 0;
+    for (size_t i = 0; i < n; ++i) {
+      exact += static_cast<double>(a[i]) * b[i];
+      mag += std::fabs(static_cast<double>(a[i]) * b[i]);
+    }
+    float ref = dot(CpuPath::Reference, a.data(), b.data(), n);
+    // Summation error bound: n * eps * sum|a_i b_i| (a loose, standard bound).
+    EXPECT_LE(std::fabs(ref - exact), n * 0x1p-24 * mag) << n;
+    for (CpuPath p : available_paths()) {
+      float got = dot(p, a.data(), b.data(), n);
+      EXPECT_EQ(std::memcmp(&got, &ref, 4), 0) << cpu_path_name(p) << " n=" << n;
+    }
+  }
+}
+
+class MatmulTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(MatmulTest, PathsRowsAndThreadsGiveIdenticalBits) {
+  const DType t = GetParam();
+  const size_t block = dtype_traits(t).block_elems;
+  const size_t K = block == 256 ? 512 : 96, N = 37, R = 16;
+  auto wbytes = random_weights(t, K, N, 7);
+  WeightView w{t, wbytes.data(), K, N};
+  auto x = random_floats(R * K, 11);
+
+  // float64 reference from decoded weights.
+  std::vector<float> wf(K * N);
+  decode_row(t, wbytes.data(), wf.data(), K * N);
+  std::vector<float> ref(R * N);
+  matmul(Context{nullptr, CpuPath::Reference}, w, x.data(), R, ref.data());
+  for (size_t r = 0; r < R; ++r)
+    for (size_t j = 0; j < N; ++j) {
+      double e = 0, mag = 0;
+      for (size_t k = 0; k < K; ++k) {
+        e += static_cast<double>(wf[j * K + k]) * x[r * K + k];
+        mag += std::fabs(static_cast<double>(wf[j * K + k]) * x[r * K + k]);
+      }
+      ASSERT_LE(std::fabs(ref[r * N + j] - e), K * 0x1p-24 * mag + 1e-30);
+    }
+
+  for (CpuPath p : available_paths()) {
+    for (size_t threads : {1u, 2u, 3u}) {
+      ThreadPool pool(threads);
+      Context ctx{&pool, p};
+      std::vector<float> all(R * N);
+      matmul(ctx, w, x.data(), R, all.data());
+      EXPECT_TRUE(same_bits(all, ref)) << cpu_path_name(p) << " threads=" << threads;
+      // Each row alone gives the same bits as inside the batch of 16.
+      for (size_t r = 0; r < R; r += 5) {
+        std::vector<float> one(N);
+        matmul(ctx, w, x.data() + r * K, 1, one.data());
+        EXPECT_EQ(std::memcmp(one.data(), &ref[r * N], N * 4), 0) << "row " << r;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulTest, ::testing::ValuesIn(kAllTypes),
+                         [](const auto& info) {
+                           return std::string(dtype_traits(info.param).name);
+                         });
+
+TEST(Kernels, AttentionPathsIdenticalAndMatchesFloat64Softmax) {
+  const AttentionShape s{4, 2, 32, 1.0f / std::sqrt(32.0f)};
+  const size_t n_keys = 29, cap = 40;
+  auto q = random_floats(s.n_heads * s.head_dim, 3);
+  auto k = random_floats(s.n_kv_heads * cap * s.head_dim, 4);
+  auto v = random_floats(s.n_kv_heads * cap * s.head_dim, 5);
+  auto run = [&](CpuPath p, size_t threads) {
+    std::vector<float> out(s.n_heads * s.head_dim);
+    AttentionTask t{q.data(), k.data(), v.data(), cap * s.head_dim, n_keys, out.data()};
+    ThreadPool pool(threads);
+    attention(Context{&pool, p}, s, std::span<const AttentionTask>(&t, 1));
+    return out;
+  };
+  auto ref = run(CpuPath::Reference, 1);
+  for (size_t h = 0; h < s.n_heads; ++h) {
+    size_t kvh = h / 2;
+    std::vector<double> sc(n_keys);
+    double mx = -1e300, sum = 0;
+    for (size_t j = 0; j < n_keys; ++j) {
+      double d = 0;
+      for (size_t i = 0; i < s.head_dim; ++i)
+        d += static_cast<double>(q[h * s.head_dim + i]) * k[(kvh * cap + j) * s.head_dim + i];
+      sc[j] = d * s.scale;
+      mx = std::max(mx, sc[j]);
+    }
+    for (auto& x : sc) sum += x = std::exp(x - mx);
+    for (size_t i = 0; i < s.head_dim; ++i) {
+      double o = 0;
+      for (size_t j = 0; j < n_keys; ++j) o += sc[j] / sum * v[(kvh * cap + j) * s.head_dim + i];
+      // Values in [-1, 1], 29 keys: float32 rounding stays far below 1e-5.
+      EXPECT_NEAR(ref[h * s.head_dim + i], o, 1e-5);
+    }
+  }
+  for (CpuPath p : available_paths())
+    for (size_t threads : {1u, 2u}) EXPECT_TRUE(same_bits(run(p, threads), ref)) << cpu_path_name(p);
+}
+
+TEST(Kernels, RmsNormMatchesDefinition) {
+  const size_t dim = 64;
+  auto x = random_floats(2 * dim, 9), w = random_floats(dim, 10);
+  std::vector<float> out(2 * dim);
+  rmsnorm(Context{}, x.data(), w.data(), 2, dim, 1e-5f, out.data());
+  for (size_t r = 0; r < 2; ++r) {
+    double ss = 0;
+    for (size_t i = 0; i < dim; ++i) ss += static_cast<double>(x[r * dim + i]) * x[r * dim + i];
+    double inv = 1.0 / std::sqrt(ss / dim + 1e-5);
+    for (size_t i = 0; i < dim; ++i)
+      EXPECT_NEAR(out[r * dim + i], x[r * dim + i] * inv * w[i], 1e-6);
+  }
+}
+
+TEST(Kernels, RopeRotatesAdjacentPairs) {
+  // One head, head_dim 4: pairs (0,1) at inv_freq 1 and (2,3) at 0.5.
+  float x[4] = {1, 0, 0, 2};
+  const float inv_freq[2] = {1.0f, 0.5f};
+  rope(x, 1, 4, 2, inv_freq);
+  EXPECT_FLOAT_EQ(x[0], std::cos(2.0f));
+  EXPECT_FLOAT_EQ(x[1], std::sin(2.0f));
+  EXPECT_FLOAT_EQ(x[2], -2 * std::sin(1.0f));
+  EXPECT_FLOAT_EQ(x[3], 2 * std::cos(1.0f));
+  float y[4] = {3, 4, 5, 6};
+  rope(y, 1, 4, 0, inv_freq);  // position 0 is the identity
+  EXPECT_EQ(y[0], 3);
+  EXPECT_EQ(y[3], 6);
+}
+
+TEST(Kernels, SiluMul) {
+  float g[3] = {0.0f, 1.0f, -2.0f}, u[3] = {5.0f, 2.0f, 1.0f};
+  silu_mul(g, u, 3);
+  EXPECT_EQ(g[0], 0.0f);
+  EXPECT_FLOAT_EQ(g[1], 2.0f / (1.0f + std::exp(-1.0f)));
+  EXPECT_FLOAT_EQ(g[2], -2.0f / (1.0f + std::exp(2.0f)));
+}
+
+TEST(Kernels, EmbedRejectsOutOfRangeToken) {
+  auto wb = random_weights(DType::F32, 16, 4, 1);
+  WeightView w{DType::F32, wb.data(), 16, 4};
+  std::vector<float> out(16);
+  int32_t bad = 4;
+  EXPECT_THROW(embed(w, std::span<const int32_t>(&bad, 1), out.data()), Error);
+}
+
+}  // namespace
+}  // namespace ferry::kernels
