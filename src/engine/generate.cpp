@@ -22,7 +22,9 @@ GenerationResult generate(const model::Model& model, const text::Tokenizer& tok,
     fail("generate", "prompt of ", req.prompt.size(), " tokens does not fit the context of ",
          cfg.context_length);
   const size_t budget = std::min(req.max_tokens, cfg.context_length - req.prompt.size());
-  kv::SequenceKv kv(cfg.kv_shape(), req.prompt.size() + budget);
+  kv::BatchKv kv(cfg.kv_spec(req.kv_k, req.kv_v));
+  const size_t prompt_len = req.prompt.size();
+  kv.prepare_prefill(std::span<const size_t>(&prompt_len, 1));
   Sampler sampler(req.sampling, req.prompt);
   StopMatcher stops(req.stop);
   text::StreamDecoder decoder(tok);
@@ -38,9 +40,10 @@ GenerationResult generate(const model::Model& model, const text::Tokenizer& tok,
   const size_t chunk = std::max<size_t>(1, req.prefill_chunk);
   for (size_t i = 0; i < req.prompt.size(); i += chunk) {
     size_t n = std::min(chunk, req.prompt.size() - i);
-    model::RowStep row{std::span<const int32_t>(req.prompt).subspan(i, n), &kv, false};
-    model.forward(ctx, std::span<const model::RowStep>(&row, 1), logits);
+    model::RowInput row{std::span<const int32_t>(req.prompt).subspan(i, n), false};
+    model.forward(ctx, kv, std::span<const model::RowInput>(&row, 1), logits);
   }
+  kv.finalize_prefill();
   auto t1 = clock::now();
   res.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
 
@@ -60,8 +63,8 @@ GenerationResult generate(const model::Model& model, const text::Tokenizer& tok,
       break;
     }
     if (res.tokens.size() == budget) break;
-    model::RowStep row{std::span<const int32_t>(&res.tokens.back(), 1), &kv, false};
-    model.forward(ctx, std::span<const model::RowStep>(&row, 1), logits);
+    model::RowInput row{std::span<const int32_t>(&res.tokens.back(), 1), false};
+    model.forward(ctx, kv, std::span<const model::RowInput>(&row, 1), logits);
   }
   if (!stops.stopped()) {
     emit(stops.push(decoder.flush()));

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/kv_decode.h"
 #include "kernels/path_kernels.h"
 #include "kernels/quant_blocks.h"
 
@@ -89,22 +90,26 @@ void add_inplace(float* x, const float* y, size_t n) {
   for (size_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
+void decode_kv(const KvSide& side, size_t head_dim, size_t h, size_t j, float* out) {
+  decode_kv_side(side, head_dim, h, j, out);
+}
+
 void attention(const Context& ctx, const AttentionShape& shape,
                std::span<const AttentionTask> tasks) {
   FERRY_CHECK(shape.head_dim % 16 == 0, "attention", "head_dim=", shape.head_dim);
   FERRY_CHECK(shape.n_kv_heads > 0 && shape.n_heads % shape.n_kv_heads == 0, "attention",
               "n_heads=", shape.n_heads, " n_kv_heads=", shape.n_kv_heads);
   const PathKernels& k = kernels_for(ctx.path);
-  size_t max_keys = 0;
-  for (const auto& t : tasks) max_keys = std::max(max_keys, t.n_keys);
+  size_t scratch_size = 0;
+  for (const auto& t : tasks) {
+    FERRY_CHECK(t.n_keys() > 0, "attention", "a query with no visible keys");
+    scratch_size = std::max(scratch_size, t.n_keys() + 2 * shape.head_dim);
+  }
   run(ctx, tasks.size() * shape.n_heads, 1, [&](size_t b, size_t e) {
-    thread_local std::vector<float> scores;
-    if (scores.size() < max_keys) scores.resize(max_keys);
-    for (size_t i = b; i < e; ++i) {
-      const AttentionTask& t = tasks[i / shape.n_heads];
-      FERRY_CHECK(t.n_keys > 0, "attention", "a query with no visible keys");
-      k.attention_head(shape, t, i % shape.n_heads, scores.data());
-    }
+    thread_local std::vector<float> scratch;
+    if (scratch.size() < scratch_size) scratch.resize(scratch_size);
+    for (size_t i = b; i < e; ++i)
+      k.attention_head(shape, tasks[i / shape.n_heads], i % shape.n_heads, scratch.data());
   });
 }
 

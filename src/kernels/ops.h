@@ -19,6 +19,7 @@
 #include "core/cpu.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
+#include "kernels/kv_format.h"
 
 namespace ferry::kernels {
 
@@ -60,23 +61,39 @@ void silu_mul(float* gate, const float* up, size_t n);
 // x[i] += y[i].
 void add_inplace(float* x, const float* y, size_t n);
 
-// One query token's attention over one sequence's keys.
-// Key j of kv head h lives at k + h * kv_head_stride + j * head_dim (same for
-// v). Query head h reads kv head h / (n_heads / n_kv_heads). The caller
-// passes exactly the keys this query may see (causal, unpadded): masked keys
-// are never part of the reduction.
+// One query token's attention over one cache row's keys.
+//
+// A cache side (K or V) is up to three byte planes (kv_format.h); the bytes
+// of (kv head h, token slot j) in plane p are at
+//   plane[p] + h * head_stride[p] + j * unit[p].
+// Query head h reads kv head h / (n_heads / n_kv_heads). The task lists
+// exactly the key slots this query may see, in position order (two
+// segments when a sliding-window ring wraps): masked or padded keys are
+// never part of the reduction, so they cannot change its order.
+struct KvSide {
+  KvFormat format;
+  const uint8_t* plane[3] = {nullptr, nullptr, nullptr};
+  size_t head_stride[3] = {0, 0, 0};
+  size_t unit[3] = {0, 0, 0};
+};
+struct KeySegment {
+  size_t begin = 0, end = 0;  // token slots [begin, end)
+};
 struct AttentionTask {
   const float* q = nullptr;  // [n_heads, head_dim]
-  const float* k = nullptr;
-  const float* v = nullptr;
-  size_t kv_head_stride = 0;
-  size_t n_keys = 0;
-  float* out = nullptr;  // [n_heads, head_dim]
+  float* out = nullptr;      // [n_heads, head_dim]
+  const KvSide* k = nullptr;
+  const KvSide* v = nullptr;
+  KeySegment seg[2];
+  size_t n_keys() const { return (seg[0].end - seg[0].begin) + (seg[1].end - seg[1].begin); }
 };
 struct AttentionShape {
   size_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
   float scale = 1.0f;
 };
+// Decodes token slot j of kv head h into head_dim floats (exact: the same
+// bits on every path).
+void decode_kv(const KvSide& side, size_t head_dim, size_t h, size_t j, float* out);
 // Runs every task × head, threads split over (task, head) pairs.
 void attention(const Context& ctx, const AttentionShape& shape, std::span<const AttentionTask> tasks);
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/path_kernels.h"
+#include "kernels/kv_decode.h"
 #include "kernels/quant_blocks.h"
 #include "kernels/vec16.h"
 
@@ -61,35 +62,55 @@ inline void matmul_cols(const WeightView& w, const float* x, size_t n_rows, floa
   }
 }
 
+// Pointer to the float32 row of (head h, slot j), decoding into `tmp` when
+// the side is not stored as plain f32.
+inline const float* kv_row(const KvSide& side, size_t D, size_t h, size_t j, float* tmp) {
+  if (side.format.kind == KvFormat::Kind::F32)
+    return reinterpret_cast<const float*>(side.plane[0] + h * side.head_stride[0] +
+                                          j * side.unit[0]);
+  decode_kv_side(side, D, h, j, tmp);
+  return tmp;
+}
+
 // Scores in key order, max, exp, sum in key order, then the weighted sum of
 // values accumulated in key order for every output lane.
 inline void attention_head(const AttentionShape& s, const AttentionTask& t, size_t h,
-                           float* scores) {
+                           float* scratch) {
   const size_t D = s.head_dim;
-  const size_t group = s.n_heads / s.n_kv_heads;
-  const size_t kvh = h / group;
+  const size_t kvh = h / (s.n_heads / s.n_kv_heads);
   const float* q = t.q + h * D;
-  const float* kb = t.k + kvh * t.kv_head_stride;
-  const float* vb = t.v + kvh * t.kv_head_stride;
+  float* scores = scratch;
+  float* tmp = scratch + t.n_keys();
   float mx = -INFINITY;
-  for (size_t j = 0; j < t.n_keys; ++j) {
-    scores[j] = dot16(q, kb + j * D, D) * s.scale;
-    mx = std::max(mx, scores[j]);
-  }
+  size_t n = 0;
+  for (const KeySegment& sg : t.seg)
+    for (size_t j = sg.begin; j < sg.end; ++j, ++n) {
+      scores[n] = dot16(q, kv_row(*t.k, D, kvh, j, tmp), D) * s.scale;
+      mx = std::max(mx, scores[n]);
+    }
   float sum = 0.0f;
-  for (size_t j = 0; j < t.n_keys; ++j) {
-    scores[j] = std::exp(scores[j] - mx);
-    sum += scores[j];
+  for (size_t i = 0; i < n; ++i) {
+    scores[i] = std::exp(scores[i] - mx);
+    sum += scores[i];
   }
   float* out = t.out + h * D;
   const float inv = 1.0f / sum;
-  for (size_t d = 0; d < D; d += 16) {
-    Vec16 acc = Vec16::zero();
-    for (size_t j = 0; j < t.n_keys; ++j) acc.fma(Vec16::splat(scores[j]), Vec16::load(vb + j * D + d));
-    float tmp[16];
-    acc.store(tmp);
-    for (int l = 0; l < 16; ++l) out[d + l] = tmp[l] * inv;
-  }
+  // Accumulators for all of head_dim live in `acc` (D <= 256 floats on the
+  // stack would also do; scratch keeps it heap-sized).
+  float* acc = tmp + D;
+  for (size_t d = 0; d < D; ++d) acc[d] = 0.0f;
+  n = 0;
+  for (const KeySegment& sg : t.seg)
+    for (size_t j = sg.begin; j < sg.end; ++j, ++n) {
+      const float* vr = kv_row(*t.v, D, kvh, j, tmp);
+      const Vec16 p = Vec16::splat(scores[n]);
+      for (size_t d = 0; d < D; d += 16) {
+        Vec16 a = Vec16::load(acc + d);
+        a.fma(p, Vec16::load(vr + d));
+        a.store(acc + d);
+      }
+    }
+  for (size_t d = 0; d < D; ++d) out[d] = acc[d] * inv;
 }
 
 inline const PathKernels& table() {

@@ -12,7 +12,7 @@ struct PathKernels {
   // Columns [j0, j1) of y for all n_rows rows.
   void (*matmul_cols)(const WeightView& w, const float* x, size_t n_rows, float* y, size_t j0,
                       size_t j1);
-  // One attention head of one task; scratch holds n_keys floats.
+  // One attention head of one task; scratch holds n_keys + 2 * head_dim floats.
   void (*attention_head)(const AttentionShape& s, const AttentionTask& t, size_t head,
                          float* scratch);
 };

@@ -56,7 +56,7 @@ class LlamaModel final : public Model {
     }
   }
 
-  void forward(const kernels::Context& ctx, std::span<const RowStep> rows,
+  void forward(const kernels::Context& ctx, kv::BatchKv& kv, std::span<const RowInput> rows,
                std::vector<float>& logits) const override;
 
  private:
@@ -65,36 +65,42 @@ class LlamaModel final : public Model {
   std::vector<LayerWeights> layers_;
 };
 
-void LlamaModel::forward(const kernels::Context& ctx, std::span<const RowStep> rows,
-                         std::vector<float>& logits) const {
+void LlamaModel::forward(const kernels::Context& ctx, kv::BatchKv& kv,
+                         std::span<const RowInput> rows, std::vector<float>& logits) const {
   const ModelConfig& c = config_;
   const size_t E = c.n_embd, D = c.head_dim, H = c.n_heads, KVH = c.n_kv_heads;
   const size_t q_dim = H * D, kv_dim = KVH * D;
+  if (rows.size() != kv.rows())
+    fail("forward", rows.size(), " row inputs for a cache of ", kv.rows(), " rows");
 
   // Flatten the rows' new tokens into T token rows; remember each token's
-  // sequence and position.
+  // cache row, index within the step and position.
   std::vector<int32_t> tokens;
-  std::vector<size_t> tok_row, tok_pos;
+  std::vector<size_t> tok_row, tok_i, tok_pos, counts(rows.size());
   for (size_t r = 0; r < rows.size(); ++r) {
-    const RowStep& rs = rows[r];
-    FERRY_CHECK(rs.kv != nullptr, "forward", "row ", r, " has no cache");
-    if (rs.tokens.empty()) fail("forward", "row ", r, " has no tokens");
-    if (rs.kv->length() + rs.tokens.size() > rs.kv->capacity())
-      fail("forward", "row ", r, " needs ", rs.kv->length() + rs.tokens.size(),
-           " cache slots, has ", rs.kv->capacity());
-    for (size_t i = 0; i < rs.tokens.size(); ++i) {
-      tokens.push_back(rs.tokens[i]);
+    counts[r] = rows[r].tokens.size();
+    const size_t len = kv.table().row(r).length();
+    if (len + counts[r] > c.context_length)
+      fail("forward", "row ", r, " would hold ", len + counts[r], " tokens, over the context of ",
+           c.context_length);
+    for (size_t i = 0; i < counts[r]; ++i) {
+      tokens.push_back(rows[r].tokens[i]);
       tok_row.push_back(r);
-      tok_pos.push_back(rs.kv->length() + i);
+      tok_i.push_back(i);
+      tok_pos.push_back(len + i);
     }
   }
   const size_t T = tokens.size();
+  logits.clear();
+  if (T == 0) return;
+  kv.reserve(counts);  // the step's only cache allocation; nothing changes on failure
   std::vector<float> x(T * E), xn(T * E), q(T * q_dim), k(T * kv_dim), v(T * kv_dim);
   std::vector<float> attn(T * q_dim), tmp(T * E), gate(T * c.n_ff), up(T * c.n_ff);
   kernels::embed(tok_embd_, tokens, x.data());
 
   const kernels::AttentionShape shape{H, KVH, D, 1.0f / std::sqrt(static_cast<float>(D))};
   std::vector<kernels::AttentionTask> tasks(T);
+  std::vector<kernels::KvSide> sides(2 * T);
   for (size_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
     kernels::rmsnorm(ctx, x.data(), w.attn_norm, T, E, c.rms_eps, xn.data());
@@ -105,11 +111,10 @@ void LlamaModel::forward(const kernels::Context& ctx, std::span<const RowStep> r
       const int64_t pos = static_cast<int64_t>(tok_pos[t]);
       kernels::rope(&q[t * q_dim], H, D, pos, c.rope_inv_freq.data());
       kernels::rope(&k[t * kv_dim], KVH, D, pos, c.rope_inv_freq.data());
-      rows[tok_row[t]].kv->write(l, tok_pos[t], &k[t * kv_dim], &v[t * kv_dim]);
+      kv.write(l, tok_row[t], tok_i[t], &k[t * kv_dim], &v[t * kv_dim]);
     }
     for (size_t t = 0; t < T; ++t) {
-      // Causal: token at position p sees keys [0, p].
-      tasks[t] = rows[tok_row[t]].kv->view(l, tok_pos[t] + 1);
+      tasks[t] = kv.attention_task(l, tok_row[t], tok_i[t], &sides[2 * t], &sides[2 * t + 1]);
       tasks[t].q = &q[t * q_dim];
       tasks[t].out = &attn[t * q_dim];
     }
@@ -124,12 +129,12 @@ void LlamaModel::forward(const kernels::Context& ctx, std::span<const RowStep> r
     kernels::matmul(ctx, w.w_down, gate.data(), T, tmp.data());
     kernels::add_inplace(x.data(), tmp.data(), T * E);
   }
-  for (const RowStep& rs : rows) rs.kv->advance(rs.tokens.size());
 
   // Gather the token rows that produce logits.
   std::vector<size_t> out_tokens;
   for (size_t t = 0, r = 0; r < rows.size(); ++r) {
-    size_t n = rows[r].tokens.size();
+    const size_t n = counts[r];
+    if (n == 0) continue;
     if (rows[r].all_logits) {
       for (size_t i = 0; i < n; ++i) out_tokens.push_back(t + i);
     } else {
@@ -143,6 +148,7 @@ void LlamaModel::forward(const kernels::Context& ctx, std::span<const RowStep> r
   kernels::rmsnorm(ctx, sel.data(), output_norm_, out_tokens.size(), E, c.rms_eps, sel.data());
   logits.resize(out_tokens.size() * c.vocab_size);
   kernels::matmul(ctx, output_, sel.data(), out_tokens.size(), logits.data());
+  kv.commit(counts);  // last: an exception above leaves the rows' lengths as they were
 }
 
 }  // namespace

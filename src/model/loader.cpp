@@ -8,6 +8,12 @@
 
 namespace ferry::model {
 
+kv::KvSpec ModelConfig::kv_spec(kernels::KvFormat k, kernels::KvFormat v) const {
+  kv::KvSpec s = kv::KvSpec::uniform(n_layers, n_kv_heads, head_dim, k, v);
+  for (auto& l : s.layers) l.window = sliding_window;
+  return s;
+}
+
 ModelConfig read_llama_config(const gguf::File& f, const std::string& arch) {
   ModelConfig c;
   auto key = [&](const char* k) { return arch + "." + k; };
@@ -22,6 +28,7 @@ ModelConfig read_llama_config(const gguf::File& f, const std::string& arch) {
   c.context_length = static_cast<size_t>(f.get_int(key("context_length"), 2048));
   c.rms_eps = static_cast<float>(f.get_float(key("attention.layer_norm_rms_epsilon"), 1e-5));
   c.rope_base = static_cast<float>(f.get_float(key("rope.freq_base"), 10000.0));
+  c.sliding_window = static_cast<size_t>(f.get_int(key("attention.sliding_window"), 0));
   auto bad = [&](const std::string& what) { fail("model", f.path(), ": ", what); };
   if (c.n_layers == 0 || c.n_embd == 0 || c.n_heads == 0 || c.n_kv_heads == 0 || c.n_ff == 0)
     bad("zero-sized hyperparameter");

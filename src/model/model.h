@@ -12,7 +12,7 @@
 
 #include "gguf/gguf.h"
 #include "kernels/ops.h"
-#include "kv/sequence_kv.h"
+#include "kv/batch_kv.h"
 
 namespace ferry::model {
 
@@ -31,15 +31,18 @@ struct ModelConfig {
   float rope_base = 10000.0f;
   // head_dim / 2 inverse frequencies with any rope scaling folded in.
   std::vector<float> rope_inv_freq;
-  kv::KvShape kv_shape() const { return {n_layers, n_kv_heads, head_dim}; }
+  size_t sliding_window = 0;  // 0: every layer attends to the whole context
+  // The KV layout of this model with the given storage formats.
+  kv::KvSpec kv_spec(kernels::KvFormat k = kernels::KvFormat::f32(),
+                     kernels::KvFormat v = kernels::KvFormat::f32()) const;
 };
 
-// One row of a step: `tokens` are appended at positions pos0, pos0+1, ...
-// (pos0 must equal kv->length()). If all_logits, the row contributes one
-// logits vector per token, else only for its last token.
-struct RowStep {
+// The new tokens of one cache row in a step. They are appended after the
+// row's cached tokens (positions continue from the row's length). A row
+// with no tokens sits the step out. If all_logits, the row contributes one
+// logits vector per token, else one for its last token.
+struct RowInput {
   std::span<const int32_t> tokens;
-  kv::SequenceKv* kv = nullptr;
   bool all_logits = false;
 };
 
@@ -51,10 +54,12 @@ class Model {
   const ModelConfig& config() const { return config_; }
   const gguf::File& file() const { return *file_; }
 
-  // Runs one step. logits is resized to [n_outputs, vocab_size], rows'
-  // outputs in order. Each output depends only on its own row (see
-  // kernels/ops.h), so batching never changes a row's logits.
-  virtual void forward(const kernels::Context& ctx, std::span<const RowStep> rows,
+  // Runs one step over every row of `kv` (rows[b] feeds cache row b).
+  // logits is resized to [n_outputs, vocab_size], rows' outputs in order.
+  // Each output depends only on its own row's tokens and cache (see
+  // kernels/ops.h), so batching never changes a row's logits. On an error
+  // the cache is left as it was.
+  virtual void forward(const kernels::Context& ctx, kv::BatchKv& kv, std::span<const RowInput> rows,
                        std::vector<float>& logits) const = 0;
 
  protected:

@@ -1,0 +1,162 @@
+// BatchKv: the batched KV cache of a whole model: B rows in one
+// [B, H_kv, S, *] buffer per layer, rows joining (merge, extend) and leaving
+// (filter, extract), dense or affine-quantized storage per side, speculative
+// rounds that roll back per row, and donor views for shared-KV layers.
+//
+// Shape of the design (docs/KV.md):
+//   RowTable     per-row metadata, shared by all layers, pure and exact;
+//   LayerStore   one layer's bytes; row ops are byte copies along tokens;
+//   BatchKv      applies an operation to the table and every layer as one
+//                transaction: new storage is staged first, the swap at the
+//                end cannot fail, so a failed operation leaves the cache
+//                exactly as it was.
+// Logical column c of the table lives at physical column c + base_ of
+// every layer (trimming shared padding only moves base_).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "kernels/kv_format.h"
+#include "kernels/ops.h"
+#include "kv/kv_buffer.h"
+#include "kv/layer_store.h"
+#include "kv/row_table.h"
+
+namespace ferry::kv {
+
+struct KvLayerSpec {
+  kernels::KvFormat k, v;
+  size_t window = 0;  // sliding window in tokens; 0: full attention
+  bool operator==(const KvLayerSpec&) const = default;
+};
+
+struct KvSpec {
+  size_t n_kv_heads = 0, head_dim = 0;
+  std::vector<KvLayerSpec> layers;
+  static KvSpec uniform(size_t n_layers, size_t n_kv_heads, size_t head_dim, kernels::KvFormat k,
+                        kernels::KvFormat v);
+  // Throws ferry::Error if a format cannot store head_dim.
+  void validate() const;
+  bool operator==(const KvSpec&) const = default;
+};
+
+// An immutable snapshot of one layer's cache, valid until destroyed even
+// while the owning BatchKv changes (the owner copies before writing into
+// storage a view shares).
+class KvView {
+ public:
+  const RowTable& table() const { return table_; }
+  // Keys [first, last] (logical columns) of `row`, for attention.
+  kernels::AttentionTask task(size_t row, size_t first, size_t last, kernels::KvSide* k,
+                              kernels::KvSide* v) const;
+
+ private:
+  friend class BatchKv;
+  KvView(LayerStore store, RowTable table, size_t base)
+      : store_(std::move(store)), table_(std::move(table)), base_(base) {}
+  LayerStore store_;
+  RowTable table_;
+  size_t base_;
+};
+
+class BatchKv {
+ public:
+  explicit BatchKv(KvSpec spec, std::shared_ptr<KvAllocator> alloc = KvAllocator::standard());
+  BatchKv(BatchKv&&) noexcept = default;
+  BatchKv& operator=(BatchKv&&) noexcept = default;
+  BatchKv(const BatchKv&) = delete;
+  BatchKv& operator=(const BatchKv&) = delete;
+
+  const KvSpec& spec() const { return spec_; }
+  size_t rows() const { return table_.size(); }
+  const RowTable& table() const { return table_; }
+  size_t minimum_reusable_offset() const;
+  void set_min_reusable(size_t row, size_t tokens) { table_.set_min_reusable(row, tokens); }
+
+  // --- memory accounting (exact) ---
+  // Bytes one token of one row occupies across all layers, K and V.
+  size_t bytes_per_token() const;
+  // Bytes a row of `tokens` tokens needs (what admission reserves).
+  size_t projected_bytes(size_t tokens) const { return bytes_per_token() * tokens; }
+  // Bytes allocated now (row_cap * col_cap slots of every layer).
+  size_t allocated_bytes() const;
+  // Capacity in (rows, columns).
+  size_t row_capacity() const { return geo_.row_cap; }
+  size_t col_capacity() const { return geo_.col_cap; }
+
+  // --- batched padded prefill ---
+  // Replaces the contents with rows.size() empty rows laid out so that
+  // after prefilling lengths[b] tokens, rows are right-aligned (row b
+  // starts at max(lengths) - lengths[b]). Allocates for the whole prompts.
+  void prepare_prefill(std::span<const size_t> lengths);
+  // Checks every row received its prompt and records prefill_end.
+  void finalize_prefill();
+
+  // --- one forward step ---
+  // Ensures room for counts[b] new tokens in row b (and copies storage a
+  // donor view shares). May reallocate; on failure nothing changed.
+  void reserve(std::span<const size_t> counts);
+  // Writes step token i of row b for `layer` at column end_b + i.
+  void write(size_t layer, size_t row, size_t i, const float* k, const float* v);
+  // The keys step token i of row b attends to in `layer`: causal, past the
+  // row's padding, inside the layer's window. k and v receive the sides.
+  kernels::AttentionTask attention_task(size_t layer, size_t row, size_t i, kernels::KvSide* k,
+                                        kernels::KvSide* v) const;
+  // Advances every row by counts[b] (all layers have written).
+  void commit(std::span<const size_t> counts);
+
+  // --- row operations (each all-or-nothing) ---
+  // Rows of `parts` in order, right-aligned; parts are left untouched.
+  static BatchKv merge(std::span<const BatchKv* const> parts);
+  // Appends the rows of `other` (usually one). Running rows are not copied
+  // when the new row fits the current width and a spare row slot exists;
+  // otherwise storage is rebuilt (O(rows * width) bytes copied).
+  void extend(const BatchKv& other);
+  // Keeps rows `keep` (ascending) and trims the padding they all share.
+  // Never allocates unless a donor view shares the storage.
+  void filter(std::span<const size_t> keep);
+  // Row b as a standalone cache that owns its bytes.
+  BatchKv extract(size_t row) const;
+  // Moves row b to start at left_pad[b].
+  void align(std::span<const size_t> left_pad);
+  // Drops the last n tokens of every row.
+  void trim(size_t n);
+
+  // --- speculative rounds: rollback moves no bytes ---
+  void spec_begin();
+  void spec_commit();
+  // Keeps keep[b] of the tokens row b received since spec_begin().
+  void spec_rollback(std::span<const size_t> keep);
+  bool in_spec_round() const { return spec_base_.has_value(); }
+
+  // --- shared KV across layers ---
+  KvView capture(size_t layer) const;
+
+  // Throws ferry::Error describing the first broken invariant.
+  void check_integrity() const;
+
+ private:
+  // Builds storage of `geo` holding `table`'s rows copied from this cache
+  // (src_rows[i] is the source row of new row i, -1 for none), with new
+  // base 0. Pure: returns the new stores.
+  std::vector<LayerStore> rebuilt(const StoreGeometry& geo, const RowTable& table,
+                                  std::span<const long> src_rows) const;
+  StoreGeometry geometry_for(size_t rows, size_t width) const;
+  void unshare();  // copy-on-write before in-place changes
+  void require_no_round(const char* op) const;
+
+  KvSpec spec_;
+  std::shared_ptr<KvAllocator> alloc_;
+  StoreGeometry geo_;
+  std::vector<LayerStore> layers_;
+  RowTable table_;
+  size_t base_ = 0;
+  std::optional<std::vector<size_t>> spec_base_;
+  std::vector<size_t> prefill_lengths_;
+};
+
+}  // namespace ferry::kv
