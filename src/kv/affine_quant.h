@@ -16,16 +16,17 @@
 //   float32.
 // - Codes use the float32 scale and bias, not the f16-rounded ones that are
 //   stored; rounding to f16 happens only on store. (Codes from the stored
-//   values differ from MLX in thousands of the goldens' words.)
+//   values would differ from MLX in over a thousand of the goldens' words.)
 // - rint is round-half-to-even; eps is the float nearest 1e-7.
 // - mx.dequantize with f16 scales returns f16 computed as
 //   f16(f16(scale * q) + bias): the product is rounded to f16 before the bias
-//   is added. That is not f16 of affine_dequantize's float result (which has
-//   one rounding, at the add, since scale * q is exact in float32); the two
-//   differ in about a third of all values, and the f16 product overflows to
-//   inf for groups spanning near +-65504. affine_dequantize_f16 reproduces
-//   MLX; affine_dequantize is the more exact value (and equals
-//   mx.dequantize's output with scales and biases widened to float32).
+//   is added. That is not f16 of affine_dequantize's float result (one
+//   rounding, at the add, since scale * q is exact in float32): the two differ
+//   in a third to a half of values on random data, and MLX's f16 product
+//   overflows to inf for groups spanning near +-65504.
+//   affine_dequantize_f16 reproduces MLX; affine_dequantize is the more exact
+//   value (and equals mx.dequantize's output with scales and biases widened to
+//   float32).
 // Inputs must be finite: for NaN MLX casts NaN to an integer (undefined);
 // ferry stores code 0 there.
 #pragma once
