@@ -16,8 +16,10 @@ function(ferry_layer name)
     if(src MATCHES "_avx2\\.cpp$")
       set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "-mavx2;-mfma;-mf16c")
     elseif(src MATCHES "_avx512\\.cpp$")
+      # GCC 12's AVX-512 intrinsic headers use _mm512_undefined_* values
+      # that trip -Wmaybe-uninitialized inside the headers themselves.
       set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS
-        "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx2;-mfma;-mf16c")
+        "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx2;-mfma;-mf16c;-Wno-maybe-uninitialized;-Wno-uninitialized")
     endif()
   endforeach()
 endfunction()

@@ -16,49 +16,144 @@ namespace ferry::kernels::FERRY_PATH_NAMESPACE {
 
 inline float dot(const float* a, const float* b, size_t n) { return dot16(a, b, n); }
 
-// Rows of W are decoded 4 at a time into a scratch buffer and dotted with
-// each x row; four independent accumulators hide FMA latency, and each one
-// follows the canonical dot16 order, so y[r, j] is the same as dot16 alone.
+// Row decoders: load16(row, k) returns elements [k, k+16) of a weight row
+// as float32, bit-identical to decode_row (same multiply, then add).
+struct DecF32 {
+  static Vec16 load16(const uint8_t* row, size_t k) {
+    return Vec16::load(reinterpret_cast<const float*>(row) + k);
+  }
+};
+struct DecF16 {
+  static Vec16 load16(const uint8_t* row, size_t k) { return Vec16::from_f16(row + 2 * k); }
+};
+struct DecBF16 {
+  static Vec16 load16(const uint8_t* row, size_t k) { return Vec16::from_bf16(row + 2 * k); }
+};
+struct DecQ8_0 {
+  static Vec16 load16(const uint8_t* row, size_t k) {
+    const uint8_t* b = row + 34 * (k / 32);
+    return Vec16::from_i8(b + 2 + (k % 32)) * Vec16::splat(f16_to_f32(load_u16(b)));
+  }
+};
+struct DecQ4_0 {
+  static Vec16 load16(const uint8_t* row, size_t k) {
+    const uint8_t* b = row + 18 * (k / 32);
+    Vec16 q = (k % 32) ? Vec16::from_hi4(b + 2) : Vec16::from_lo4(b + 2);
+    return Vec16::splat(f16_to_f32(load_u16(b))) * (q - Vec16::splat(8.0f));
+  }
+};
+struct DecQ4_1 {
+  static Vec16 load16(const uint8_t* row, size_t k) {
+    const uint8_t* b = row + 20 * (k / 32);
+    Vec16 q = (k % 32) ? Vec16::from_hi4(b + 4) : Vec16::from_lo4(b + 4);
+    return Vec16::splat(f16_to_f32(load_u16(b))) * q + Vec16::splat(f16_to_f32(load_u16(b + 2)));
+  }
+};
+
+// Rows of W are handled 4 at a time with four independent accumulators
+// (hiding FMA latency); each accumulator follows the canonical dot16 order
+// of its own output element, so y[r, j] equals dot16(decoded row j, x[r]).
 constexpr size_t kRowsPerTile = 4;
+
+// Few activation rows (decode): weights are decoded in registers.
+template <class Dec>
+void tile_fused(const uint8_t* const* wr, size_t nj, const float* x, size_t n_rows, size_t K,
+                float* y, size_t ldy) {
+  for (size_t r = 0; r < n_rows; ++r) {
+    const float* xr = x + r * K;
+    if (nj == kRowsPerTile) {
+      Vec16 a0 = Vec16::zero(), a1 = Vec16::zero(), a2 = Vec16::zero(), a3 = Vec16::zero();
+      for (size_t k = 0; k < K; k += 16) {
+        const Vec16 xv = Vec16::load(xr + k);
+        a0.fma(Dec::load16(wr[0], k), xv);
+        a1.fma(Dec::load16(wr[1], k), xv);
+        a2.fma(Dec::load16(wr[2], k), xv);
+        a3.fma(Dec::load16(wr[3], k), xv);
+      }
+      y[r * ldy + 0] = a0.reduce();
+      y[r * ldy + 1] = a1.reduce();
+      y[r * ldy + 2] = a2.reduce();
+      y[r * ldy + 3] = a3.reduce();
+    } else {
+      for (size_t u = 0; u < nj; ++u) {
+        Vec16 a = Vec16::zero();
+        for (size_t k = 0; k < K; k += 16) a.fma(Dec::load16(wr[u], k), Vec16::load(xr + k));
+        y[r * ldy + u] = a.reduce();
+      }
+    }
+  }
+}
+
+// Many activation rows (prefill): decode the tile once into scratch, then
+// run the same canonical dots against every row.
+inline void tile_scratch(const float* const* wf, size_t nj, const float* x, size_t n_rows,
+                         size_t K, float* y, size_t ldy) {
+  for (size_t r = 0; r < n_rows; ++r) {
+    const float* xr = x + r * K;
+    if (nj == kRowsPerTile) {
+      Vec16 a0 = Vec16::zero(), a1 = Vec16::zero(), a2 = Vec16::zero(), a3 = Vec16::zero();
+      for (size_t k = 0; k < K; k += 16) {
+        const Vec16 xv = Vec16::load(xr + k);
+        a0.fma(Vec16::load(wf[0] + k), xv);
+        a1.fma(Vec16::load(wf[1] + k), xv);
+        a2.fma(Vec16::load(wf[2] + k), xv);
+        a3.fma(Vec16::load(wf[3] + k), xv);
+      }
+      y[r * ldy + 0] = a0.reduce();
+      y[r * ldy + 1] = a1.reduce();
+      y[r * ldy + 2] = a2.reduce();
+      y[r * ldy + 3] = a3.reduce();
+    } else {
+      for (size_t u = 0; u < nj; ++u) y[r * ldy + u] = dot16(wf[u], xr, K);
+    }
+  }
+}
+
+template <class Dec>
+void decode_with(const uint8_t* row, size_t K, float* out) {
+  for (size_t k = 0; k < K; k += 16) Dec::load16(row, k).store(out + k);
+}
 
 inline void matmul_cols(const WeightView& w, const float* x, size_t n_rows, float* y, size_t j0,
                         size_t j1) {
   const size_t K = w.n_in, N = w.n_out, rb = w.row_bytes();
+  // Decoding into scratch pays off once the tile is reused by a few rows.
+  const bool fused = n_rows <= 2 && w.type != DType::Q4_K && w.type != DType::Q5_K &&
+                     w.type != DType::Q6_K;
   thread_local std::vector<float> scratch;
-  const bool plain = w.type == DType::F32;
-  if (!plain && scratch.size() < kRowsPerTile * K) scratch.resize(kRowsPerTile * K);
+  if (!fused && scratch.size() < kRowsPerTile * K) scratch.resize(kRowsPerTile * K);
   for (size_t j = j0; j < j1; j += kRowsPerTile) {
-    size_t nj = std::min(kRowsPerTile, j1 - j);
-    const float* wr[kRowsPerTile];
+    const size_t nj = std::min(kRowsPerTile, j1 - j);
+    const uint8_t* wr[kRowsPerTile];
+    for (size_t u = 0; u < nj; ++u) wr[u] = w.data + (j + u) * rb;
+    float* yt = y + j;
+    if (fused) {
+      switch (w.type) {
+        case DType::F32: tile_fused<DecF32>(wr, nj, x, n_rows, K, yt, N); break;
+        case DType::F16: tile_fused<DecF16>(wr, nj, x, n_rows, K, yt, N); break;
+        case DType::BF16: tile_fused<DecBF16>(wr, nj, x, n_rows, K, yt, N); break;
+        case DType::Q8_0: tile_fused<DecQ8_0>(wr, nj, x, n_rows, K, yt, N); break;
+        case DType::Q4_0: tile_fused<DecQ4_0>(wr, nj, x, n_rows, K, yt, N); break;
+        case DType::Q4_1: tile_fused<DecQ4_1>(wr, nj, x, n_rows, K, yt, N); break;
+        default: break;
+      }
+      continue;
+    }
+    const float* wf[kRowsPerTile];
     for (size_t u = 0; u < nj; ++u) {
-      const uint8_t* src = w.data + (j + u) * rb;
-      if (plain) {
-        wr[u] = reinterpret_cast<const float*>(src);
-      } else {
-        decode_row(w.type, src, scratch.data() + u * K, K);
-        wr[u] = scratch.data() + u * K;
+      float* dst = scratch.data() + u * K;
+      switch (w.type) {
+        case DType::F32: break;
+        case DType::F16: decode_with<DecF16>(wr[u], K, dst); break;
+        case DType::BF16: decode_with<DecBF16>(wr[u], K, dst); break;
+        case DType::Q8_0: decode_with<DecQ8_0>(wr[u], K, dst); break;
+        case DType::Q4_0: decode_with<DecQ4_0>(wr[u], K, dst); break;
+        case DType::Q4_1: decode_with<DecQ4_1>(wr[u], K, dst); break;
+        default: decode_row(w.type, wr[u], dst, K); break;
       }
+      wf[u] = w.type == DType::F32 ? reinterpret_cast<const float*>(wr[u]) : dst;
     }
-    for (size_t r = 0; r < n_rows; ++r) {
-      const float* xr = x + r * K;
-      if (nj == kRowsPerTile) {
-        Vec16 a0 = Vec16::zero(), a1 = Vec16::zero(), a2 = Vec16::zero(), a3 = Vec16::zero();
-        for (size_t k = 0; k < K; k += 16) {
-          Vec16 xv = Vec16::load(xr + k);
-          a0.fma(Vec16::load(wr[0] + k), xv);
-          a1.fma(Vec16::load(wr[1] + k), xv);
-          a2.fma(Vec16::load(wr[2] + k), xv);
-          a3.fma(Vec16::load(wr[3] + k), xv);
-        }
-        float* yr = y + r * N + j;
-        yr[0] = a0.reduce();
-        yr[1] = a1.reduce();
-        yr[2] = a2.reduce();
-        yr[3] = a3.reduce();
-      } else {
-        for (size_t u = 0; u < nj; ++u) y[r * N + j + u] = dot16(wr[u], xr, K);
-      }
-    }
+    tile_scratch(wf, nj, x, n_rows, K, yt, N);
   }
 }
 

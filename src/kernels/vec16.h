@@ -10,6 +10,10 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "core/half.h"
 
 #if defined(FERRY_VEC_AVX512) || defined(FERRY_VEC_AVX2)
 #include <immintrin.h>
@@ -29,6 +33,28 @@ struct Vec16 {
   void store(float* p) const { _mm512_storeu_ps(p, v); }
   // this = a * b + this, one rounding per lane.
   void fma(Vec16 a, Vec16 b) { v = _mm512_fmadd_ps(a.v, b.v, v); }
+  Vec16 operator*(Vec16 o) const { return {_mm512_mul_ps(v, o.v)}; }
+  Vec16 operator+(Vec16 o) const { return {_mm512_add_ps(v, o.v)}; }
+  Vec16 operator-(Vec16 o) const { return {_mm512_sub_ps(v, o.v)}; }
+  // 16 int8 / low nibbles / high nibbles of 16 bytes, widened exactly.
+  static Vec16 from_i8(const uint8_t* p) {
+    return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)))};
+  }
+  static Vec16 from_lo4(const uint8_t* p) {
+    __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
+    return {_mm512_cvtepi32_ps(_mm512_and_si512(w, _mm512_set1_epi32(0xf)))};
+  }
+  static Vec16 from_hi4(const uint8_t* p) {
+    __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
+    return {_mm512_cvtepi32_ps(_mm512_srli_epi32(w, 4))};
+  }
+  static Vec16 from_f16(const uint8_t* p) {
+    return {_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p))};
+  }
+  static Vec16 from_bf16(const uint8_t* p) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
+  }
   float reduce() const {
     // extractf32x8(v, 0) rather than castps512_ps256: GCC 12 warns on the cast.
     __m256 s8 = _mm256_add_ps(_mm512_extractf32x8_ps(v, 0), _mm512_extractf32x8_ps(v, 1));
@@ -51,6 +77,35 @@ struct Vec16 {
   void fma(Vec16 a, Vec16 b) {
     lo = _mm256_fmadd_ps(a.lo, b.lo, lo);
     hi = _mm256_fmadd_ps(a.hi, b.hi, hi);
+  }
+  Vec16 operator*(Vec16 o) const { return {_mm256_mul_ps(lo, o.lo), _mm256_mul_ps(hi, o.hi)}; }
+  Vec16 operator+(Vec16 o) const { return {_mm256_add_ps(lo, o.lo), _mm256_add_ps(hi, o.hi)}; }
+  Vec16 operator-(Vec16 o) const { return {_mm256_sub_ps(lo, o.lo), _mm256_sub_ps(hi, o.hi)}; }
+  static __m256 cvt8(__m128i bytes8) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes8)); }
+  static Vec16 from_i8(const uint8_t* p) {
+    return {cvt8(_mm_loadl_epi64((const __m128i*)p)), cvt8(_mm_loadl_epi64((const __m128i*)(p + 8)))};
+  }
+  static Vec16 nib(const uint8_t* p, int shift) {
+    __m128i b = _mm_loadu_si128((const __m128i*)p);
+    __m256i lo8 = _mm256_cvtepu8_epi32(b), hi8 = _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8));
+    const __m256i m = _mm256_set1_epi32(0xf);
+    if (shift) {
+      lo8 = _mm256_srli_epi32(lo8, 4);
+      hi8 = _mm256_srli_epi32(hi8, 4);
+    }
+    return {_mm256_cvtepi32_ps(_mm256_and_si256(lo8, m)), _mm256_cvtepi32_ps(_mm256_and_si256(hi8, m))};
+  }
+  static Vec16 from_lo4(const uint8_t* p) { return nib(p, 0); }
+  static Vec16 from_hi4(const uint8_t* p) { return nib(p, 4); }
+  static Vec16 from_f16(const uint8_t* p) {
+    return {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)),
+            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16)))};
+  }
+  static __m256 bf8(__m128i h) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  static Vec16 from_bf16(const uint8_t* p) {
+    return {bf8(_mm_loadu_si128((const __m128i*)p)), bf8(_mm_loadu_si128((const __m128i*)(p + 16)))};
   }
   float reduce() const {
     __m256 s8 = _mm256_add_ps(lo, hi);
@@ -79,6 +134,30 @@ struct Vec16 {
   }
   void fma(Vec16 a, Vec16 b) {
     for (int i = 0; i < 16; ++i) l[i] = std::fma(a.l[i], b.l[i], l[i]);
+  }
+  template <class F>
+  static Vec16 make(F f) {
+    Vec16 r;
+    for (int i = 0; i < 16; ++i) r.l[i] = f(i);
+    return r;
+  }
+  Vec16 operator*(Vec16 o) const { return make([&](int i) { return l[i] * o.l[i]; }); }
+  Vec16 operator+(Vec16 o) const { return make([&](int i) { return l[i] + o.l[i]; }); }
+  Vec16 operator-(Vec16 o) const { return make([&](int i) { return l[i] - o.l[i]; }); }
+  static Vec16 from_i8(const uint8_t* p) {
+    return make([&](int i) { return static_cast<float>(static_cast<int8_t>(p[i])); });
+  }
+  static Vec16 from_lo4(const uint8_t* p) {
+    return make([&](int i) { return static_cast<float>(p[i] & 0xf); });
+  }
+  static Vec16 from_hi4(const uint8_t* p) {
+    return make([&](int i) { return static_cast<float>(p[i] >> 4); });
+  }
+  static Vec16 from_f16(const uint8_t* p) {
+    return make([&](int i) { return f16_to_f32(static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8))); });
+  }
+  static Vec16 from_bf16(const uint8_t* p) {
+    return make([&](int i) { return bf16_to_f32(static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8))); });
   }
   float reduce() const {
     float s8[8], s4[4], s2[2];

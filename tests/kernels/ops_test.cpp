@@ -110,9 +110,23 @@ TEST(Kernels, AttentionPathsIdenticalAndMatchesFloat64Softmax) {
   auto q = random_floats(s.n_heads * s.head_dim, 3);
   auto k = random_floats(s.n_kv_heads * cap * s.head_dim, 4);
   auto v = random_floats(s.n_kv_heads * cap * s.head_dim, 5);
+  auto side = [&](const std::vector<float>& data) {
+    KvSide sd;
+    sd.format = KvFormat::f32();
+    sd.plane[0] = reinterpret_cast<const uint8_t*>(data.data());
+    sd.head_stride[0] = cap * s.head_dim * 4;
+    sd.unit[0] = s.head_dim * 4;
+    return sd;
+  };
+  const KvSide ks = side(k), vs = side(v);
   auto run = [&](CpuPath p, size_t threads) {
     std::vector<float> out(s.n_heads * s.head_dim);
-    AttentionTask t{q.data(), k.data(), v.data(), cap * s.head_dim, n_keys, out.data()};
+    AttentionTask t;
+    t.q = q.data();
+    t.out = out.data();
+    t.k = &ks;
+    t.v = &vs;
+    t.seg[0] = {0, n_keys};
     ThreadPool pool(threads);
     attention(Context{&pool, p}, s, std::span<const AttentionTask>(&t, 1));
     return out;
