@@ -21,8 +21,19 @@ namespace ferry::gguf {
 
 // GGUF metadata value type ids.
 enum class ValueType : uint32_t {
-  U8 = 0, I8 = 1, U16 = 2, I16 = 3, U32 = 4, I32 = 5, F32 = 6, BOOL = 7,
-  STRING = 8, ARRAY = 9, U64 = 10, I64 = 11, F64 = 12,
+  U8 = 0,
+  I8 = 1,
+  U16 = 2,
+  I16 = 3,
+  U32 = 4,
+  I32 = 5,
+  F32 = 6,
+  BOOL = 7,
+  STRING = 8,
+  ARRAY = 9,
+  U64 = 10,
+  I64 = 11,
+  F64 = 12,
 };
 // Lower-case name of a value type ("u32", "string", ...); "unknown" otherwise.
 std::string_view value_type_name(ValueType t);
@@ -48,6 +59,10 @@ struct Value {
   const Array& as_array(std::string_view key) const;
 };
 
+// After parsing, every tensor has 1..4 nonzero dims with an element count
+// that fits in int64, a supported type with shape[0] a whole number of blocks,
+// an offset that is a multiple of the alignment, and data lying entirely
+// inside the file without sharing bytes with another tensor.
 struct TensorInfo {
   std::string name;
   std::vector<uint64_t> shape;  // GGUF order: shape[0] is the contiguous dim
