@@ -10,7 +10,9 @@ namespace {
 // Column capacity grows in steps of this many tokens (and by half of the
 // current capacity at least) so decode does not reallocate every step.
 constexpr size_t kColStep = 64;
-size_t round_up(size_t n, size_t step) { return (n + step - 1) / step * step; }
+size_t round_up(size_t n, size_t step) {
+  return (n + step - 1) / step * step;
+}
 }  // namespace
 
 KvSpec KvSpec::uniform(size_t n_layers, size_t n_kv_heads, size_t head_dim, kernels::KvFormat k,
@@ -142,8 +144,18 @@ void BatchKv::reserve(std::span<const size_t> counts) {
               " rows");
   size_t need = 0;
   for (size_t b = 0; b < rows(); ++b) need = std::max(need, table_.row(b).end + counts[b]);
-  if (!layers_.empty() && need + base_ <= geo_.col_cap) {
+  if (!layers_.empty() && need <= geo_.col_cap) {
     unshare();
+    if (need + base_ > geo_.col_cap) {
+      // Fits once the columns filter() trimmed (base_) are given back: move
+      // the rows left in place. (base_ only rises between rebuilds, so
+      // growing here would enlarge a long-running batch without bound.)
+      for (auto& l : layers_)
+        for (size_t b = 0; b < rows(); ++b)
+          l.move_cols(b, table_.row(b).start + base_, b, table_.row(b).start,
+                      table_.row(b).length());
+      base_ = 0;
+    }
     return;
   }
   // Grow: at least half again, so a long decode reallocates O(log n) times.
@@ -165,6 +177,8 @@ void BatchKv::write(size_t layer, size_t row, size_t i, const float* k, const fl
 
 kernels::AttentionTask BatchKv::attention_task(size_t layer, size_t row, size_t i,
                                                kernels::KvSide* k, kernels::KvSide* v) const {
+  FERRY_CHECK(layer < layers_.size() && row < rows(), "kv", "attention at layer ", layer, " row ",
+              row);
   const RowState& r = table_.row(row);
   const size_t last = r.end + i;  // the query's own column
   size_t first = r.start;
@@ -182,6 +196,9 @@ kernels::AttentionTask BatchKv::attention_task(size_t layer, size_t row, size_t 
 void BatchKv::commit(std::span<const size_t> counts) {
   FERRY_CHECK(counts.size() == rows(), "kv", "commit: ", counts.size(), " counts for ", rows(),
               " rows");
+  for (size_t b = 0; b < rows(); ++b)
+    FERRY_CHECK(table_.row(b).end + counts[b] + base_ <= geo_.col_cap, "kv", "commit: row ", b,
+                " would end past capacity ", geo_.col_cap, " (reserve first)");
   for (size_t b = 0; b < rows(); ++b) table_.advance(b, counts[b]);
 }
 
@@ -226,52 +243,68 @@ BatchKv BatchKv::merge(std::span<const BatchKv* const> parts) {
 void BatchKv::extend(const BatchKv& other) {
   require_no_round("extend");
   other.require_no_round("extend");
+  FERRY_CHECK(&other != this, "kv", "extend a cache with itself");
   if (!(other.spec_ == spec_)) fail("kv", "extend: caches have different layouts");
-  for (size_t r = 0; r < other.rows(); ++r) {
-    const RowState& src = other.table_.row(r);
-    size_t shift = 0;
-    RowTable t = table_.extended(src.length(), &shift);
-    {
-      std::vector<RowState> rows(t.rows().begin(), t.rows().end());
-      rows.back().prefill_end = src.prefill_end;
-      rows.back().min_reusable = src.min_reusable;
-      t = RowTable(std::move(rows));
-    }
-    const size_t nb = t.size() - 1;
-    const bool in_place = !layers_.empty() && shift == 0 && nb < geo_.row_cap &&
-                          t.width() + base_ <= geo_.col_cap &&
-                          std::none_of(layers_.begin(), layers_.end(),
-                                       [](const auto& l) { return l.shared(); });
-    if (in_place) {
-      for (size_t l = 0; l < layers_.size(); ++l)
-        layers_[l].copy_cols(other.layers_[l], r, src.start + other.base_, nb,
-                             t.row(nb).start + base_, src.length());
-      table_ = std::move(t);
-      continue;
-    }
-    // Rebuild: running rows shift right by `shift`; row slots double.
-    StoreGeometry g = geometry_for(std::max(t.size(), 2 * geo_.row_cap), t.width());
-    std::vector<LayerStore> stores;
-    for (size_t l = 0; l < spec_.layers.size(); ++l) {
-      stores.emplace_back(spec_.layers[l].k, spec_.layers[l].v, g, *alloc_);
-      for (size_t b = 0; b < nb; ++b)
-        stores[l].copy_cols(layers_[l], b, table_.row(b).start + base_, b, t.row(b).start,
-                            table_.row(b).length());
-      stores[l].copy_cols(other.layers_[l], r, src.start + other.base_, nb, t.row(nb).start,
-                          src.length());
-    }
-    layers_ = std::move(stores);
-    geo_ = g;
-    base_ = 0;
-    table_ = std::move(t);
+  if (other.rows() == 0) return;
+  // Plan the whole table first (other's rows one after another), so that the
+  // bytes are applied once, all or nothing.
+  RowTable t = table_;
+  size_t shift = 0;  // how far the running rows move right
+  for (const RowState& src : other.table_.rows()) {
+    size_t s = 0;
+    const RowTable e = t.extended(src.length(), &s);
+    std::vector<RowState> rows(e.rows().begin(), e.rows().end());
+    rows.back().prefill_end = src.prefill_end;
+    rows.back().min_reusable = src.min_reusable;
+    t = RowTable(std::move(rows));
+    shift += s;
   }
+  const size_t n0 = rows(), n = t.size();
+  auto copy_joiners = [&](LayerStore& to, size_t l, size_t col_offset) {
+    for (size_t r = 0; r < other.rows(); ++r) {
+      const RowState& src = other.table_.row(r);
+      to.copy_cols(other.layers_[l], r, src.start + other.base_, n0 + r,
+                   t.row(n0 + r).start + col_offset, src.length());
+    }
+  };
+  const bool in_place =
+      !layers_.empty() && (shift == 0 || n0 == 0) && n <= geo_.row_cap &&
+      t.width() + base_ <= geo_.col_cap &&
+      std::none_of(layers_.begin(), layers_.end(), [](const auto& l) { return l.shared(); });
+  if (in_place) {
+    for (size_t l = 0; l < layers_.size(); ++l) copy_joiners(layers_[l], l, base_);
+    table_ = std::move(t);
+    return;
+  }
+  // Rebuild: running rows shift right by `shift`; row slots double only when
+  // the rows do not fit (a rebuild for width alone keeps the row capacity).
+  const size_t row_cap = n <= geo_.row_cap ? geo_.row_cap : std::max(n, 2 * geo_.row_cap);
+  StoreGeometry g = geometry_for(row_cap, t.width());
+  std::vector<LayerStore> stores;
+  stores.reserve(spec_.layers.size());
+  for (size_t l = 0; l < spec_.layers.size(); ++l) {
+    stores.emplace_back(spec_.layers[l].k, spec_.layers[l].v, g, *alloc_);
+    for (size_t b = 0; b < n0; ++b)
+      stores[l].copy_cols(layers_[l], b, table_.row(b).start + base_, b, t.row(b).start,
+                          table_.row(b).length());
+    copy_joiners(stores[l], l, 0);
+  }
+  layers_ = std::move(stores);
+  geo_ = g;
+  base_ = 0;
+  table_ = std::move(t);
 }
 
 void BatchKv::filter(std::span<const size_t> keep) {
   require_no_round("filter");
   size_t trim = 0;
   RowTable t = table_.filtered(keep, &trim);
-  unshare();  // the only step that can fail
+  // A row may leave in the middle of a batched prefill: the survivors'
+  // prompt lengths stay pending.
+  std::vector<size_t> pending;
+  if (!prefill_lengths_.empty())
+    for (size_t b : keep) pending.push_back(prefill_lengths_[b]);
+  unshare();  // the last step that can fail
   for (auto& l : layers_)
     for (size_t i = 0; i < keep.size(); ++i) {
       const RowState& r = table_.row(keep[i]);
@@ -279,6 +312,7 @@ void BatchKv::filter(std::span<const size_t> keep) {
     }
   base_ += trim;
   table_ = std::move(t);
+  prefill_lengths_ = std::move(pending);
 }
 
 BatchKv BatchKv::extract(size_t row) const {
@@ -339,11 +373,13 @@ void BatchKv::spec_commit() {
 
 void BatchKv::spec_rollback(std::span<const size_t> keep) {
   if (!spec_base_) fail("kv", "spec_rollback without spec_begin");
-  if (keep.size() != rows()) fail("kv", "spec_rollback: ", keep.size(), " keeps for ", rows(), " rows");
+  if (keep.size() != rows())
+    fail("kv", "spec_rollback: ", keep.size(), " keeps for ", rows(), " rows");
   for (size_t b = 0; b < rows(); ++b) {
     const size_t added = table_.row(b).end - (*spec_base_)[b];
     if (keep[b] > added)
-      fail("kv", "spec_rollback: row ", b, " keeps ", keep[b], " of ", added, " speculative tokens");
+      fail("kv", "spec_rollback: row ", b, " keeps ", keep[b], " of ", added,
+           " speculative tokens");
   }
   table_.rollback_to(*spec_base_, keep);
   spec_base_.reset();
@@ -367,7 +403,12 @@ void BatchKv::check_integrity() const {
   }
   for (const auto& l : layers_)
     if (!(l.geometry() == geo_)) bad("a layer's geometry differs from the cache's");
-  if (spec_base_ && spec_base_->size() != rows()) bad("speculative base of the wrong size");
+  if (spec_base_) {
+    if (spec_base_->size() != rows()) bad("speculative base of the wrong size");
+    for (size_t b = 0; b < rows(); ++b)
+      if ((*spec_base_)[b] < table_.row(b).start || (*spec_base_)[b] > table_.row(b).end)
+        bad("row ", b, " speculative base outside the row");
+  }
 }
 
 }  // namespace ferry::kv

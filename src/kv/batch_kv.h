@@ -98,7 +98,8 @@ class BatchKv {
 
   // --- one forward step ---
   // Ensures room for counts[b] new tokens in row b (and copies storage a
-  // donor view shares). May reallocate; on failure nothing changed.
+  // donor view shares). Reclaims the columns filter() trimmed before it
+  // grows. May reallocate; on failure nothing changed.
   void reserve(std::span<const size_t> counts);
   // Writes step token i of row b for `layer` at column end_b + i.
   void write(size_t layer, size_t row, size_t i, const float* k, const float* v);
@@ -106,18 +107,21 @@ class BatchKv {
   // row's padding, inside the layer's window. k and v receive the sides.
   kernels::AttentionTask attention_task(size_t layer, size_t row, size_t i, kernels::KvSide* k,
                                         kernels::KvSide* v) const;
-  // Advances every row by counts[b] (all layers have written).
+  // Advances every row by counts[b] (all layers have written; within the
+  // reservation, else throws and changes nothing).
   void commit(std::span<const size_t> counts);
 
   // --- row operations (each all-or-nothing) ---
   // Rows of `parts` in order, right-aligned; parts are left untouched.
   static BatchKv merge(std::span<const BatchKv* const> parts);
-  // Appends the rows of `other` (usually one). Running rows are not copied
-  // when the new row fits the current width and a spare row slot exists;
-  // otherwise storage is rebuilt (O(rows * width) bytes copied).
+  // Appends the rows of `other` (usually one; not *this). Running rows are
+  // not copied when the new rows fit the current width and spare row slots
+  // exist; otherwise storage is rebuilt (O(rows * width) bytes copied), with
+  // twice the row slots only when the rows do not fit.
   void extend(const BatchKv& other);
-  // Keeps rows `keep` (ascending) and trims the padding they all share.
-  // Never allocates unless a donor view shares the storage.
+  // Keeps rows `keep` (ascending) and trims the padding they all share
+  // (also between prepare_prefill and finalize_prefill). Never allocates
+  // unless a donor view shares the storage.
   void filter(std::span<const size_t> keep);
   // Row b as a standalone cache that owns its bytes.
   BatchKv extract(size_t row) const;

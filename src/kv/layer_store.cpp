@@ -27,7 +27,9 @@ void LayerStore::encode(kernels::KvFormat f, const float* x, const Plane* planes
   const size_t D = geo_.head_dim;
   uint8_t* dst = at(planes[0], row, head, col);
   switch (f.kind) {
-    case kernels::KvFormat::Kind::F32: std::memcpy(dst, x, D * 4); return;
+    case kernels::KvFormat::Kind::F32:
+      std::memcpy(dst, x, D * 4);
+      return;
     case kernels::KvFormat::Kind::F16:
     case kernels::KvFormat::Kind::BF16:
       for (size_t i = 0; i < D; ++i) {
@@ -66,7 +68,9 @@ void LayerStore::copy_cols(const LayerStore& src, size_t sr, size_t sc, size_t d
   FERRY_CHECK(src.k_fmt_ == k_fmt_ && src.v_fmt_ == v_fmt_ &&
                   src.geo_.n_kv_heads == geo_.n_kv_heads && src.geo_.head_dim == geo_.head_dim,
               "kv", "copy between stores of different formats");
-  FERRY_CHECK(sc + n <= src.geo_.col_cap && dc + n <= geo_.col_cap, "kv", "copy out of range");
+  FERRY_CHECK(sr < src.geo_.row_cap && dr < geo_.row_cap && sc + n <= src.geo_.col_cap &&
+                  dc + n <= geo_.col_cap,
+              "kv", "copy out of range");
   for (size_t p = 0; p < planes_.size(); ++p)
     for (size_t h = 0; h < geo_.n_kv_heads; ++h)
       std::memcpy(at(planes_[p], dr, h, dc), src.at(src.planes_[p], sr, h, sc),
@@ -75,7 +79,9 @@ void LayerStore::copy_cols(const LayerStore& src, size_t sr, size_t sc, size_t d
 
 void LayerStore::move_cols(size_t sr, size_t sc, size_t dr, size_t dc, size_t n) {
   if (n == 0 || (sr == dr && sc == dc)) return;
-  FERRY_CHECK(sc + n <= geo_.col_cap && dc + n <= geo_.col_cap, "kv", "move out of range");
+  FERRY_CHECK(
+      sr < geo_.row_cap && dr < geo_.row_cap && sc + n <= geo_.col_cap && dc + n <= geo_.col_cap,
+      "kv", "move out of range");
   for (auto& p : planes_)
     for (size_t h = 0; h < geo_.n_kv_heads; ++h)
       std::memmove(at(p, dr, h, dc), at(p, sr, h, sc), n * p.unit);

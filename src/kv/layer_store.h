@@ -28,7 +28,8 @@ class LayerStore {
  public:
   LayerStore() = default;
   // Allocates zeroed planes for `geo` (throws on allocation failure).
-  LayerStore(kernels::KvFormat k, kernels::KvFormat v, const StoreGeometry& geo, KvAllocator& alloc);
+  LayerStore(kernels::KvFormat k, kernels::KvFormat v, const StoreGeometry& geo,
+             KvAllocator& alloc);
 
   LayerStore(LayerStore&&) noexcept = default;
   LayerStore& operator=(LayerStore&&) noexcept = default;

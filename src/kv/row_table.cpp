@@ -64,8 +64,8 @@ RowTable RowTable::filtered(std::span<const size_t> keep, size_t* trimmed) const
 }
 
 RowTable RowTable::aligned(std::span<const size_t> left_pad) const {
-  FERRY_CHECK(left_pad.size() == rows_.size(), "kv", "align: ", left_pad.size(),
-              " paddings for ", rows_.size(), " rows");
+  FERRY_CHECK(left_pad.size() == rows_.size(), "kv", "align: ", left_pad.size(), " paddings for ",
+              rows_.size(), " rows");
   std::vector<RowState> rows = rows_;
   for (size_t b = 0; b < rows.size(); ++b) {
     const size_t len = rows[b].length();
@@ -76,10 +76,16 @@ RowTable RowTable::aligned(std::span<const size_t> left_pad) const {
 }
 
 void RowTable::trim(size_t n) {
-  for (auto& r : rows_) r.end = r.end - std::min(n, r.length());
+  for (auto& r : rows_) {
+    r.end = r.end - std::min(n, r.length());
+    r.prefill_end = std::min(r.prefill_end, r.length());
+  }
 }
 
 void RowTable::rollback_to(std::span<const size_t> base_end, std::span<const size_t> keep) {
+  FERRY_CHECK(base_end.size() == rows_.size() && keep.size() == rows_.size(), "kv",
+              "rollback: ", base_end.size(), " ends and ", keep.size(), " keeps for ", rows_.size(),
+              " rows");
   for (size_t b = 0; b < rows_.size(); ++b) rows_[b].end = base_end[b] + keep[b];
 }
 

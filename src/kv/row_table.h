@@ -67,7 +67,8 @@ class RowTable {
   void advance(size_t b, size_t n) { rows_[b].end += n; }
   void set_prefill_end(size_t b) { rows_[b].prefill_end = rows_[b].length(); }
   void set_min_reusable(size_t b, size_t tokens) { rows_[b].min_reusable = tokens; }
-  // Drops the last n tokens of every row (clamped at each row's start).
+  // Drops the last n tokens of every row (clamped at each row's start); a
+  // row trimmed into its prompt keeps prefill_end <= length().
   void trim(size_t n);
   // Sets every row's end to base[b] + keep[b].
   void rollback_to(std::span<const size_t> base_end, std::span<const size_t> keep);
