@@ -11,7 +11,10 @@
 //                end cannot fail, so a failed operation leaves the cache
 //                exactly as it was.
 // Logical column c of the table lives at physical column c + base_ of
-// every layer (trimming shared padding only moves base_).
+// every full-attention layer (trimming shared padding only moves base_).
+// Sliding-window layers are rings of window + step_cap - 1 columns (the
+// newest tokens a step can need): column c lives at slot
+// (c + ring_base_) mod ring size, so their memory stays bounded.
 #pragma once
 
 #include <cstddef>
@@ -50,17 +53,18 @@ struct KvSpec {
 class KvView {
  public:
   const RowTable& table() const { return table_; }
-  // Keys [first, last] (logical columns) of `row`, for attention.
+  // Keys [first, last] (logical columns) of `row`, for attention. For a
+  // ring layer only the window's keys are held.
   kernels::AttentionTask task(size_t row, size_t first, size_t last, kernels::KvSide* k,
                               kernels::KvSide* v) const;
 
  private:
   friend class BatchKv;
-  KvView(LayerStore store, RowTable table, size_t base)
-      : store_(std::move(store)), table_(std::move(table)), base_(base) {}
+  KvView(LayerStore store, RowTable table, size_t offset, size_t ring)
+      : store_(std::move(store)), table_(std::move(table)), offset_(offset), ring_(ring) {}
   LayerStore store_;
   RowTable table_;
-  size_t base_;
+  size_t offset_, ring_;
 };
 
 class BatchKv {
@@ -80,20 +84,27 @@ class BatchKv {
   // --- memory accounting (exact) ---
   // Bytes one token of one row occupies across all layers, K and V.
   size_t bytes_per_token() const;
-  // Bytes a row of `tokens` tokens needs (what admission reserves).
-  size_t projected_bytes(size_t tokens) const { return bytes_per_token() * tokens; }
-  // Bytes allocated now (row_cap * col_cap slots of every layer).
+  // Bytes a row of `tokens` tokens needs (what admission reserves): full
+  // layers hold every token, window layers at most their ring. `max_step`
+  // is the most tokens a row gets in one step (prefill chunk, verify
+  // width); it sets the ring size.
+  size_t projected_bytes(size_t tokens, size_t max_step = 1) const;
+  // Bytes allocated now: for each layer, bytes per (row, slot) times
+  // row_capacity() times its slots (col_capacity(), or its ring size).
   size_t allocated_bytes() const;
+  // Slots of a sliding-window layer's ring (0 for a full layer).
+  size_t ring_size(size_t layer) const;
   // Capacity in (rows, columns).
   size_t row_capacity() const { return geo_.row_cap; }
   size_t col_capacity() const { return geo_.col_cap; }
 
   // --- batched padded prefill ---
-  // Replaces the contents with rows.size() empty rows laid out so that
+  // Replaces the contents with lengths.size() empty rows laid out so that
   // after prefilling lengths[b] tokens, rows are right-aligned (row b
   // starts at max(lengths) - lengths[b]). Allocates for the whole prompts.
   void prepare_prefill(std::span<const size_t> lengths);
-  // Checks every row received its prompt and records prefill_end.
+  // Checks every row received its prompt and records prefill_end. (The
+  // pending lengths travel with the rows through every row operation.)
   void finalize_prefill();
 
   // --- one forward step ---
@@ -101,7 +112,8 @@ class BatchKv {
   // donor view shares). Reclaims the columns filter() trimmed before it
   // grows. May reallocate; on failure nothing changed.
   void reserve(std::span<const size_t> counts);
-  // Writes step token i of row b for `layer` at column end_b + i.
+  // Writes step token i of row b for `layer` at column end_b + i. Needs a
+  // reserve() for this step first (which also copies storage a view shares).
   void write(size_t layer, size_t row, size_t i, const float* k, const float* v);
   // The keys step token i of row b attends to in `layer`: causal, past the
   // row's padding, inside the layer's window. k and v receive the sides.
@@ -127,13 +139,17 @@ class BatchKv {
   BatchKv extract(size_t row) const;
   // Moves row b to start at left_pad[b].
   void align(std::span<const size_t> left_pad);
-  // Drops the last n tokens of every row.
+  // Drops the last n tokens of every row. Refused (ferry::Error, nothing
+  // changed) when a sliding-window ring no longer holds keys the row's
+  // next token would need.
   void trim(size_t n);
 
   // --- speculative rounds: rollback moves no bytes ---
   void spec_begin();
   void spec_commit();
-  // Keeps keep[b] of the tokens row b received since spec_begin().
+  // Keeps keep[b] of the tokens row b received since spec_begin(). Refused
+  // like trim() when a ring has overwritten keys still needed (cannot
+  // happen within one round: rings hold window + step_cap - 1 tokens).
   void spec_rollback(std::span<const size_t> keep);
   bool in_spec_round() const { return spec_base_.has_value(); }
 
@@ -144,23 +160,45 @@ class BatchKv {
   void check_integrity() const;
 
  private:
-  // Builds storage of `geo` holding `table`'s rows copied from this cache
-  // (src_rows[i] is the source row of new row i, -1 for none), with new
-  // base 0. Pure: returns the new stores.
-  std::vector<LayerStore> rebuilt(const StoreGeometry& geo, const RowTable& table,
+  // Where logical columns live in one layer: slot(c) = c + offset, modulo
+  // `ring` when the layer is a ring.
+  struct ColMap {
+    size_t offset = 0, ring = 0;
+    size_t slot(size_t c) const { return ring ? (c + offset) % ring : c + offset; }
+  };
+  ColMap colmap(size_t layer) const;
+  // Geometry of `layer` for full-layer geometry `geo` and ring step `step`.
+  StoreGeometry layer_geometry(size_t layer, const StoreGeometry& geo, size_t step) const;
+  // The columns of row r that a layer can hand on: all of them for a full
+  // layer, the newest ring-size ones for a ring.
+  std::pair<size_t, size_t> live_cols(size_t layer, const RowState& r) const;
+  // Copies logical columns [c_src, c_src + n) of src row sr (mapped by sm)
+  // to [c_dst, ...) of dst row dr (mapped by dm), splitting at ring wraps.
+  static void copy_span(LayerStore& dst, size_t dr, ColMap dm, size_t c_dst,
+                        const LayerStore& src, size_t sr, ColMap sm, size_t c_src, size_t n);
+  // Builds storage of `geo` (ring step `step`) holding `table`'s rows copied
+  // from this cache (src_rows[i] is the source row of new row i, -1 for
+  // none), with new offsets 0. Pure: returns the new stores.
+  std::vector<LayerStore> rebuilt(const StoreGeometry& geo, size_t step, const RowTable& table,
                                   std::span<const long> src_rows) const;
+  void adopt(std::vector<LayerStore> stores, const StoreGeometry& geo, size_t step) noexcept;
   StoreGeometry geometry_for(size_t rows, size_t width) const;
+  bool has_ring() const;
   void unshare();  // copy-on-write before in-place changes
   void require_no_round(const char* op) const;
+  // Throws unless every row, cut to new_len[b] tokens, still has in its
+  // rings every key its next token needs.
+  void check_ring_rollback(const char* op, std::span<const size_t> new_len) const;
 
   KvSpec spec_;
   std::shared_ptr<KvAllocator> alloc_;
   StoreGeometry geo_;
   std::vector<LayerStore> layers_;
   RowTable table_;
-  size_t base_ = 0;
+  size_t base_ = 0;       // full layers' column offset
+  size_t ring_base_ = 0;  // ring layers' column offset
+  size_t step_cap_ = 1;   // most tokens per row and step the rings allow
   std::optional<std::vector<size_t>> spec_base_;
-  std::vector<size_t> prefill_lengths_;
 };
 
 }  // namespace ferry::kv

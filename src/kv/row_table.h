@@ -30,7 +30,19 @@ struct RowState {
   size_t end = 0;           // one past the last valid column
   size_t prefill_end = 0;   // tokens of the row's prompt (0 before prefill ends)
   size_t min_reusable = 0;  // earliest token count a retained prefix can resume from
+  // Sliding-window ring layers keep only the newest tokens: tokens before
+  // this count (from the row's start) may have been overwritten there.
+  size_t ring_lost = 0;
+  // Prompt tokens this row is being prefilled with (0 once finalized).
+  size_t pending_prefill = 0;
   size_t length() const { return end - start; }
+  // Copies the fields that count tokens (not columns) from another row.
+  void copy_token_meta(const RowState& o) {
+    prefill_end = o.prefill_end;
+    min_reusable = o.min_reusable;
+    ring_lost = o.ring_lost;
+    pending_prefill = o.pending_prefill;
+  }
   bool operator==(const RowState&) const = default;
 };
 

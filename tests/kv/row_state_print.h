@@ -1,4 +1,5 @@
-// Readable gtest output for RowState: {start, end, prefill_end, min_reusable}.
+// Readable gtest output for RowState:
+// {start, end, prefill_end, min_reusable, ring_lost, pending_prefill}.
 #pragma once
 
 #include <ostream>
@@ -8,7 +9,8 @@
 namespace ferry::kv {
 
 inline void PrintTo(const RowState& r, std::ostream* os) {
-  *os << "{" << r.start << ", " << r.end << ", " << r.prefill_end << ", " << r.min_reusable << "}";
+  *os << "{" << r.start << ", " << r.end << ", " << r.prefill_end << ", " << r.min_reusable << ", "
+      << r.ring_lost << ", " << r.pending_prefill << "}";
 }
 
 }  // namespace ferry::kv

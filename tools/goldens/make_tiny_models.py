@@ -21,6 +21,11 @@ writes a llama model:
   * 1-D tensors (norms, rope_freqs) stay F32; every 2-D tensor gets the file type.
   * a minimal byte-level GPT-2 BPE tokenizer (3 control tokens, 256 byte tokens,
     41 merges -> vocab 300).
+  * tiny-mistral-sw4-f32 (same weights as tiny-mistral-f32) has a sliding window of 4,
+    written as `llama.attention.sliding_window` (u32, llama.cpp's key): key j is visible
+    to query i iff i - 4 < j <= i.  transformers' GGUF loader drops that key (the file
+    loads as LlamaForCausalLM, which has no window), so apply_sliding_window() rebuilds
+    the loaded model as MistralForCausalLM(sliding_window=4) with the loaded weights.
 
 After writing, every file is loaded back with
 transformers.AutoModelForCausalLM.from_pretrained(dir, gguf_file=...) and its
@@ -280,10 +285,16 @@ VARIANTS = [
     ("tiny-llama-q4_1", "llama", "Q4_1"),
     ("tiny-llama3-f32", "llama3", "F32"),
     ("tiny-mistral-f32", "mistral", "F32"),
+    ("tiny-mistral-sw4-f32", "mistral_sw4", "F32"),
     ("tiny-llama-q4_k", "llama_kq", "Q4_K"),
     ("tiny-llama-q5_k", "llama_kq", "Q5_K"),
     ("tiny-llama-q6_k", "llama_kq", "Q6_K"),
 ]
+
+# Sliding window of the mistral_sw4 model: tiny, so that the prompts (up to 33 tokens) and the
+# 16 generated tokens go far past it.  Stored as llama.cpp's `llama.attention.sliding_window`.
+SW4_WINDOW = 4
+SLIDING_WINDOW_KEY = "llama.attention.sliding_window"
 
 FILE_TYPE = {  # gguf.LlamaFileType values, as llama.cpp writes general.file_type
     "F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "BF16": 32,
@@ -307,6 +318,13 @@ def build_hf_model(key: str):
         common = dict(common)
         common.pop("attention_bias"); common.pop("mlp_bias")
         cfg = MistralConfig(**SMALL, **common, tie_word_embeddings=False, sliding_window=4096,
+                            rope_parameters=dict(rope_type="default", rope_theta=1000000.0))
+        cls, seed = MistralForCausalLM, SEED + 2
+    elif key == "mistral_sw4":
+        # Same config and seed as "mistral" (so the same weights: the only difference is the window).
+        common = dict(common)
+        common.pop("attention_bias"); common.pop("mlp_bias")
+        cfg = MistralConfig(**SMALL, **common, tie_word_embeddings=False, sliding_window=SW4_WINDOW,
                             rope_parameters=dict(rope_type="default", rope_theta=1000000.0))
         cls, seed = MistralForCausalLM, SEED + 2
     elif key == "llama_kq":
@@ -414,6 +432,8 @@ def write_gguf(path: Path, name: str, key: str, model, ftype: str, tok: dict) ->
     w.add_file_type(FILE_TYPE[ftype])
     w.add_vocab_size(cfg.vocab_size)
     w.add_rope_dimension_count(cfg.head_dim)
+    if key == "mistral_sw4":
+        w.add_sliding_window(int(cfg.sliding_window))  # u32 llama.attention.sliding_window
     if key == "llama3":
         # Informational only (llama.cpp ignores unknown keys); the engine must use rope_freqs.weight.
         p = cfg.rope_parameters
@@ -530,6 +550,73 @@ def apply_rope_freqs(model, path: Path) -> bool:
     return True
 
 
+def gguf_sliding_window(path: Path) -> int | None:
+    """`llama.attention.sliding_window` of a GGUF file, or None."""
+    import gguf
+
+    f = gguf.GGUFReader(str(path)).get_field(SLIDING_WINDOW_KEY)
+    return None if f is None else int(f.contents())
+
+
+def apply_sliding_window(model, path: Path):
+    """-> (model, window).  transformers 5.23's GGUF loader drops `llama.attention.sliding_window`:
+    a `llama` GGUF loads as LlamaForCausalLM (no window at all), and even its `mistral` config
+    mapping has no sliding_window entry.  If the file has the key, rebuild the loaded model as
+    MistralForCausalLM with that window (eager attention) and the loaded (already un-permuted,
+    dequantized) weights; Llama and Mistral have the same state-dict names and the same math apart
+    from the mask.  Files without the key: (model, None), model untouched."""
+    import torch
+    from transformers import MistralConfig, MistralForCausalLM
+
+    window = gguf_sliding_window(path)
+    if window is None:
+        return model, None
+    c = model.config
+    cfg = MistralConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                        num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+                        num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, hidden_act=c.hidden_act,
+                        max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.rms_norm_eps,
+                        bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id, pad_token_id=c.pad_token_id,
+                        tie_word_embeddings=c.tie_word_embeddings, rope_parameters=dict(c.rope_parameters),
+                        sliding_window=window)
+    cfg._attn_implementation = "eager"
+    m = MistralForCausalLM(cfg).to(torch.float32).eval()
+    m.load_state_dict(model.state_dict(), strict=True)
+    assert m.config.sliding_window == window and m.config._attn_implementation == "eager"
+    return m, window
+
+
+def without_window(model):
+    """Copy of a Mistral model with sliding_window=None (plain causal mask): the reference for
+    checking that the window matters."""
+    import copy
+
+    m = copy.deepcopy(model)
+    m.config.sliding_window = None
+    return m.eval()
+
+
+def same_weights(a, b) -> bool:
+    import torch
+
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def window_diffs(with_w: list[np.ndarray], without_w: list[np.ndarray], window: int) -> dict:
+    """Max |logit diff| of the rows (positions) < window and >= window, and the smallest per-row
+    max diff among the rows >= window (> 0 on every row means the window changes every such row)."""
+    lo, hi, row_min = 0.0, 0.0, math.inf
+    for a, b in zip(with_w, without_w):
+        d = np.abs(a - b).max(axis=1)
+        lo = max(lo, float(d[:window].max()))
+        if len(d) > window:
+            hi = max(hi, float(d[window:].max()))
+            row_min = min(row_min, float(d[window:].min()))
+    return {"max_abs_diff_positions_lt_window": lo, "max_abs_diff_positions_ge_window": hi,
+            "min_row_max_abs_diff_positions_ge_window": row_min}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(REPO / "tests/data/models"))
@@ -563,6 +650,9 @@ def main() -> int:
         ref = all_logits(model)
         ref_deq = all_logits(model_from_dequantized(model, key, info["dequantized"]))
         back = load_back(path)
+        loader_window = getattr(back.config, "sliding_window", None)
+        loader_class = type(back).__name__
+        back, window = apply_sliding_window(back, path)  # no-op for files without a window
         entry = {}
         if key == "llama3":
             entry["max_abs_diff_vs_original_without_rope_freqs"] = max_diff(ref, all_logits(back))
@@ -589,6 +679,24 @@ def main() -> int:
             "max_abs_logit_diff_vs_hf_with_dequantized_weights": d_deq,
             "max_abs_logit_original": float(max(np.abs(x).max() for x in ref)),
         })
+        if window is not None:
+            # The window must matter: same model without it differs on every position >= window
+            # and is identical on the positions < window.
+            wd = window_diffs(ref, all_logits(without_window(model)), window)
+            assert wd["max_abs_diff_positions_lt_window"] == 0.0, wd
+            assert wd["min_row_max_abs_diff_positions_ge_window"] > 1e-3, wd
+            same_as = [n for n, k, t in VARIANTS if t == "F32" and k != key and k in bases
+                       and same_weights(bases[k], model)]
+            entry.update({
+                "sliding_window": window,
+                "sliding_window_gguf_key": SLIDING_WINDOW_KEY,
+                "sliding_window_rule": f"key j visible to query i iff i - {window} < j <= i",
+                "transformers_gguf_loader_class": loader_class,
+                "transformers_gguf_loader_sliding_window": loader_window,
+                "evaluated_as": f"{type(back).__name__}(sliding_window={window}, eager) with the loaded weights",
+                "same_weights_as": same_as,
+                "window_check_original_hf_vs_without_window": wd,
+            })
         if key == "llama3":
             entry["rope_freqs"] = [float(x) for x in llama3_rope_factors(cfg.head_dim, cfg.rope_parameters)]
         manifest["models"][name] = entry

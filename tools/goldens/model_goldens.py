@@ -13,6 +13,7 @@ torch.argmax semantics).
 
 Outputs (format described in tools/goldens/README.md):
   tests/data/goldens/<tiny-model>.json + .bin   (for every tests/data/models/*.gguf)
+                                                (sliding-window models: + window checks)
   tests/data/goldens/smollm2.json + .bin        (SmolLM2-135M-Instruct.Q4_1.gguf)
 
 Usage:
@@ -33,7 +34,8 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from make_tiny_models import TINY_PROMPTS, apply_rope_freqs  # noqa: E402
+from make_tiny_models import (TINY_PROMPTS, apply_rope_freqs, apply_sliding_window,  # noqa: E402
+                              window_diffs, without_window)
 
 REPO = HERE.parents[1]
 MODELS = REPO / "tests/data/models"
@@ -95,7 +97,42 @@ def load(path: Path):
     m = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
                                              attn_implementation="eager").eval()
     patched = apply_rope_freqs(m, path)  # llama3: transformers ignores rope_freqs.weight
-    return m, patched
+    # llama.attention.sliding_window: transformers' GGUF loader drops it -> rebuild as
+    # MistralForCausalLM(sliding_window=W) with the loaded weights (no-op without the key).
+    m, window = apply_sliding_window(m, path)
+    return m, patched, window
+
+
+def check_window_mask(model, n: int, window: int) -> dict:
+    """Capture the mask that Mistral's eager attention really receives on an n-token forward and
+    check that key j is visible to query i iff i - window < j <= i, with all n keys present."""
+    import torch
+    import transformers.models.mistral.modeling_mistral as mm
+
+    seen = []
+    orig = mm.eager_attention_forward
+
+    def spy(module, query, key, value, attention_mask, *a, **kw):
+        seen.append((attention_mask.detach().clone(), key.shape[-2]))
+        return orig(module, query, key, value, attention_mask, *a, **kw)
+
+    mm.eager_attention_forward = spy
+    try:
+        with torch.no_grad():
+            model(torch.arange(3, 3 + n)[None])
+    finally:
+        mm.eager_attention_forward = orig
+    assert len(seen) == model.config.num_hidden_layers, len(seen)
+    i = np.arange(n)[:, None]
+    j = np.arange(n)[None, :]
+    want = (i - window < j) & (j <= i)
+    for mask, kv_len in seen:
+        assert kv_len == n and tuple(mask.shape[-2:]) == (n, n), (kv_len, mask.shape)
+        m = mask[0, 0].float().numpy()
+        assert np.all(m[want] == 0.0) and np.all(m[~want] <= torch.finfo(torch.float32).min), "window rule"
+    return {"rule": f"key j visible to query i iff i - {window} < j <= i",
+            "checked_on": f"additive masks passed to MistralForCausalLM eager attention, every layer, {n}-token forward",
+            "ok": True}
 
 
 def greedy(model, prompt: list[int], n_gen: int):
@@ -166,9 +203,10 @@ def tiny_goldens(vers: dict) -> list[str]:
     written = []
     for path in sorted(MODELS.glob("*.gguf")):
         name = path.stem
-        model, patched = load(path)
+        model, patched, window = load(path)
         bw = BinWriter()
         cases = []
+        wchecks = []
         for prompt in TINY_PROMPTS:
             gen, rows = greedy(model, prompt, TINY_N_GEN)
             L = len(prompt)
@@ -181,6 +219,23 @@ def tiny_goldens(vers: dict) -> list[str]:
                 **summ,
                 **margins(summ, L),
             })
+            if window is not None:
+                wchecks.append(window_check(model, prompt + gen[:-1], rows, window))
+        extra = {}
+        if window is not None:
+            extra = {
+                "sliding_window": window,
+                "sliding_window_note": "GGUF llama.attention.sliding_window; transformers' GGUF loader drops it (the "
+                                       "file loads as LlamaForCausalLM), so the loaded weights are evaluated by "
+                                       f"MistralForCausalLM(sliding_window={window}, attn_implementation='eager')",
+                "sliding_window_mask_check": check_window_mask(model, 12, window),
+                "window_check": {
+                    "note": "per case, teacher-forced over seq[0..n_rows-1] in one full forward: max |logit diff| "
+                            "vs the same model with sliding_window=None (rows < window must be 0, every row >= "
+                            "window must differ), and vs the golden rows (which come from per-step forwards)",
+                    "cases": wchecks,
+                },
+            }
         golden = {
             "format": "ferry-golden-tiny-v1",
             "model_file": f"tests/data/models/{path.name}",
@@ -197,6 +252,7 @@ def tiny_goldens(vers: dict) -> list[str]:
             "rows_note": "row r of a case is the logits after feeding tokens seq[0..r] where seq = prompt_ids + "
                          "generated_ids; rows 0..L-1 = prompt positions, row L-1+k predicts generated_ids[k]. "
                          "prompt_logits = full logits of rows 0..L-1; argmax/top5_* cover all L+n_gen-1 rows.",
+            **extra,
             "cases": cases,
         }
         (GOLDENS / f"{name}.json").write_text(json.dumps(golden, indent=1) + "\n")
@@ -205,6 +261,20 @@ def tiny_goldens(vers: dict) -> list[str]:
         print(f"{name}: generated {[c['generated_ids'][:6] for c in cases]} "
               f"min gen margin {min(c['min_gen_margin'] for c in cases):.4f}")
     return written
+
+
+def window_check(model, seq: list[int], rows: np.ndarray, window: int) -> dict:
+    import torch
+
+    with torch.no_grad():
+        full = model(torch.tensor([seq])).logits[0].float().numpy()
+        free = without_window(model)(torch.tensor([seq])).logits[0].float().numpy()
+    wd = window_diffs([full], [free], window)
+    assert wd["max_abs_diff_positions_lt_window"] == 0.0, wd
+    assert wd["min_row_max_abs_diff_positions_ge_window"] > 1e-3, wd
+    d_steps = float(np.abs(full - rows).max())
+    assert d_steps < 1e-4, d_steps
+    return {**{k: f32(v) for k, v in wd.items()}, "max_abs_diff_single_forward_vs_golden_rows": f32(d_steps)}
 
 
 def smollm_tokenizer(path: Path):
@@ -227,7 +297,7 @@ def smollm_goldens(path: Path, vers: dict) -> list[str]:
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     tok = smollm_tokenizer(path)
-    model, _ = load(path)
+    model, _, _ = load(path)
     V = int(model.config.vocab_size)
     subset = np.arange(0, V, SUBSET_STRIDE)
     assert len(subset) == 1024, len(subset)
