@@ -236,6 +236,45 @@ void BatchKv::prepare_prefill(std::span<const size_t> lengths) {
   table_ = std::move(empty);
 }
 
+void BatchKv::add_rows(std::span<const size_t> prompt_lengths) {
+  require_no_round("add_rows");
+  if (prompt_lengths.empty()) return;
+  if (layers_.empty()) {
+    prepare_prefill(prompt_lengths);
+    return;
+  }
+  const size_t w = table_.width();
+  std::vector<RowState> next(table_.rows().begin(), table_.rows().end());
+  for (size_t len : prompt_lengths) {
+    RowState r;
+    r.start = r.end = len <= w ? w - len : 0;
+    r.pending_prefill = len;
+    next.push_back(r);
+  }
+  RowTable t(std::move(next));
+  if (t.size() <= geo_.row_cap) {
+    table_ = std::move(t);
+    return;
+  }
+  const StoreGeometry g = geometry_for(std::max(t.size(), 2 * geo_.row_cap), geo_.col_cap);
+  std::vector<long> src(t.size(), -1);
+  for (size_t b = 0; b < rows(); ++b) src[b] = static_cast<long>(b);
+  std::vector<LayerStore> stores = rebuilt(g, step_cap_, t, src);
+  adopt(std::move(stores), g, step_cap_);
+  table_ = std::move(t);
+}
+
+void BatchKv::finalize_row(size_t b) {
+  FERRY_CHECK(b < rows(), "kv", "finalize_row ", b, " of ", rows());
+  const RowState& r = table_.row(b);
+  if (r.pending_prefill == 0 || r.length() != r.pending_prefill)
+    fail("kv", "finalize_row: row ", b, " has ", r.length(), " tokens, prompt ", r.pending_prefill);
+  std::vector<RowState> rows(table_.rows().begin(), table_.rows().end());
+  rows[b].prefill_end = rows[b].length();
+  rows[b].pending_prefill = 0;
+  table_ = RowTable(std::move(rows));
+}
+
 void BatchKv::finalize_prefill() {
   bool any = false;
   for (size_t b = 0; b < rows(); ++b) {

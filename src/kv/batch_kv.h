@@ -103,6 +103,12 @@ class BatchKv {
   // after prefilling lengths[b] tokens, rows are right-aligned (row b
   // starts at max(lengths) - lengths[b]). Allocates for the whole prompts.
   void prepare_prefill(std::span<const size_t> lengths);
+  // Appends one empty row per prompt length, placed to end at the current
+  // width once its prompt is in (from column 0 when the prompt is longer),
+  // marked pending. Running rows never move; rebuilds only to add row slots.
+  void add_rows(std::span<const size_t> prompt_lengths);
+  // Marks row b's prompt complete (its length must equal the pending one).
+  void finalize_row(size_t b);
   // Checks every row received its prompt and records prefill_end. (The
   // pending lengths travel with the rows through every row operation.)
   void finalize_prefill();

@@ -135,7 +135,9 @@ void LlamaModel::forward(const kernels::Context& ctx, kv::BatchKv& kv,
   for (size_t t = 0, r = 0; r < rows.size(); ++r) {
     const size_t n = counts[r];
     if (n == 0) continue;
-    if (rows[r].all_logits) {
+    if (!rows[r].want_logits) {
+      // no output
+    } else if (rows[r].all_logits) {
       for (size_t i = 0; i < n; ++i) out_tokens.push_back(t + i);
     } else {
       out_tokens.push_back(t + n - 1);

@@ -40,10 +40,12 @@ struct ModelConfig {
 // The new tokens of one cache row in a step. They are appended after the
 // row's cached tokens (positions continue from the row's length). A row
 // with no tokens sits the step out. If all_logits, the row contributes one
-// logits vector per token, else one for its last token.
+// logits vector per token, else one for its last token (none when
+// want_logits is false).
 struct RowInput {
   std::span<const int32_t> tokens;
   bool all_logits = false;
+  bool want_logits = true;  // false: no output for this row (a prefill chunk mid-prompt)
 };
 
 using LoadProgress = std::function<void(double fraction)>;

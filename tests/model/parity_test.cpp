@@ -104,7 +104,8 @@ INSTANTIATE_TEST_SUITE_P(Models, TinyParity,
                          ::testing::Values("tiny-llama-f32", "tiny-llama-f16", "tiny-llama-bf16",
                                            "tiny-llama-q8_0", "tiny-llama-q4_0", "tiny-llama-q4_1",
                                            "tiny-llama-q4_k", "tiny-llama-q5_k", "tiny-llama-q6_k",
-                                           "tiny-llama3-f32", "tiny-mistral-f32"),
+                                           "tiny-llama3-f32", "tiny-mistral-f32",
+                                           "tiny-mistral-sw4-f32"),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (char& ch : s)
