@@ -587,10 +587,40 @@ void BatchKv::spec_rollback(std::span<const size_t> keep) {
   spec_base_.reset();
 }
 
-KvView BatchKv::capture(size_t layer) const {
+KvView BatchKv::capture(size_t layer, std::span<const size_t> pending) const {
   FERRY_CHECK(layer < layers_.size(), "kv", "capture layer ", layer);
+  FERRY_CHECK(pending.empty() || pending.size() == rows(), "kv", "capture: ", pending.size(),
+              " pending counts for ", rows(), " rows");
   const ColMap m = colmap(layer);
-  return KvView(layers_[layer].share(), table_, m.offset, m.ring);
+  if (pending.empty()) return KvView(layers_[layer].share(), table_, m.offset, m.ring);
+  std::vector<RowState> rows(table_.rows().begin(), table_.rows().end());
+  for (size_t b = 0; b < rows.size(); ++b) {
+    FERRY_CHECK(rows[b].end + pending[b] + base_ <= geo_.col_cap, "kv", "capture: row ", b,
+                " pending past the reservation");
+    rows[b].end += pending[b];
+  }
+  return KvView(layers_[layer].share(), RowTable(std::move(rows)), m.offset, m.ring);
+}
+
+std::vector<uint8_t> BatchKv::mask(size_t layer, std::span<const size_t> counts) const {
+  FERRY_CHECK(layer < spec_.layers.size() && counts.size() == rows(), "kv", "mask: layer ",
+              layer, ", ", counts.size(), " counts for ", rows(), " rows");
+  size_t N = 0, S = 0;
+  for (size_t b = 0; b < rows(); ++b) {
+    N = std::max(N, counts[b]);
+    S = std::max(S, table_.row(b).end + counts[b]);
+  }
+  const size_t window = spec_.layers[layer].window;
+  std::vector<uint8_t> m(rows() * N * S, 0);
+  for (size_t b = 0; b < rows(); ++b) {
+    const RowState& r = table_.row(b);
+    for (size_t i = 0; i < counts[b]; ++i) {
+      const size_t q = r.end + i;
+      for (size_t j = r.start; j <= q; ++j)
+        if (window == 0 || q < j + window) m[(b * N + i) * S + j] = 1;
+    }
+  }
+  return m;
 }
 
 void BatchKv::check_integrity() const {

@@ -125,6 +125,13 @@ class BatchKv {
   // row's padding, inside the layer's window. k and v receive the sides.
   kernels::AttentionTask attention_task(size_t layer, size_t row, size_t i, kernels::KvSide* k,
                                         kernels::KvSide* v) const;
+  // The key-validity rule as a [B, 1, N, S] boolean mask (row-major, 1 =
+  // may attend) for a step giving counts[b] tokens to row b: N = max
+  // counts, S = the width after the step (logical columns). Query i of row
+  // b may see key j iff i < counts[b], start_b <= j <= end_b + i, and
+  // (window == 0 or end_b + i < j + window). attention_task() hands the
+  // kernels exactly the allowed keys; this is for tests and other kernels.
+  std::vector<uint8_t> mask(size_t layer, std::span<const size_t> counts) const;
   // Advances every row by counts[b] (all layers have written; within the
   // reservation, else throws and changes nothing).
   void commit(std::span<const size_t> counts);
@@ -160,7 +167,10 @@ class BatchKv {
   bool in_spec_round() const { return spec_base_.has_value(); }
 
   // --- shared KV across layers ---
-  KvView capture(size_t layer) const;
+  // pending[b] (optional) extends row b by tokens written in the current
+  // step but not yet committed, so a later layer of the same step can read
+  // them.
+  KvView capture(size_t layer, std::span<const size_t> pending = {}) const;
 
   // Throws ferry::Error describing the first broken invariant.
   void check_integrity() const;

@@ -156,3 +156,54 @@ TEST(BatchKvRing, RollbackPastTheRingIsRefused) {
 
 }  // namespace
 }  // namespace ferry::kv
+
+namespace ferry::kv {
+namespace {
+
+// The mask and the attention tasks agree key for key: every allowed key of
+// the mask is in the task's segments (mapped to the same stored token) and
+// no other, for padded, ragged and windowed rows.
+TEST(BatchKvMask, MatchesAttentionTasks) {
+  BatchKv kv(ring_spec());
+  const std::vector<size_t> lens{2, 7, 4};
+  kv.prepare_prefill(lens);
+  std::vector<size_t> counts = lens;
+  kv.reserve(counts);
+  for (size_t b = 0; b < 3; ++b)
+    for (size_t i = 0; i < counts[b]; ++i) {
+      auto x = vec(static_cast<float>(b * 1000 + i));
+      for (size_t l = 0; l < 2; ++l) kv.write(l, b, i, x.data(), x.data());
+    }
+  // Before commit: the mask of this prefill step (row b's query i sees
+  // positions 0..i of its own prompt, windowed in layer 1).
+  for (size_t l = 0; l < 2; ++l) {
+    const auto m = kv.mask(l, counts);
+    const size_t N = 7, S = 7;
+    ASSERT_EQ(m.size(), 3 * N * S);
+    for (size_t b = 0; b < 3; ++b) {
+      const size_t start = kv.table().row(b).start;
+      EXPECT_EQ(start, 7 - lens[b]);
+      for (size_t i = 0; i < N; ++i) {
+        kernels::KvSide k, v;
+        std::vector<float> from_task;
+        if (i < counts[b]) {
+          auto t = kv.attention_task(l, b, i, &k, &v);
+          float buf[16];
+          for (const auto& sg : t.seg)
+            for (size_t j = sg.begin; j < sg.end; ++j) {
+              kernels::decode_kv(k, 16, 0, j, buf);
+              from_task.push_back(buf[0]);
+            }
+        }
+        std::vector<float> from_mask;
+        for (size_t j = 0; j < S; ++j)
+          if (m[(b * N + i) * S + j]) from_mask.push_back(static_cast<float>(b * 1000 + j - start));
+        EXPECT_EQ(from_task, from_mask) << "layer " << l << " row " << b << " query " << i;
+      }
+    }
+  }
+  kv.commit(counts);
+}
+
+}  // namespace
+}  // namespace ferry::kv
