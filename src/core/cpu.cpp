@@ -51,9 +51,12 @@ const CpuFeatures& cpu_features() {
 
 std::string_view cpu_path_name(CpuPath p) {
   switch (p) {
-    case CpuPath::Reference: return "reference";
-    case CpuPath::Avx2: return "avx2";
-    case CpuPath::Avx512: return "avx512";
+    case CpuPath::Reference:
+      return "reference";
+    case CpuPath::Avx2:
+      return "avx2";
+    case CpuPath::Avx512:
+      return "avx512";
   }
   return "?";
 }
@@ -67,10 +70,14 @@ CpuPath best_cpu_path() {
   if (const char* env = std::getenv("FERRY_CPU_PATH")) {
     std::string want = env;
     CpuPath p;
-    if (want == "reference") p = CpuPath::Reference;
-    else if (want == "avx2") p = CpuPath::Avx2;
-    else if (want == "avx512") p = CpuPath::Avx512;
-    else fail("cpu", "FERRY_CPU_PATH='", want, "' is not one of reference, avx2, avx512");
+    if (want == "reference")
+      p = CpuPath::Reference;
+    else if (want == "avx2")
+      p = CpuPath::Avx2;
+    else if (want == "avx512")
+      p = CpuPath::Avx512;
+    else
+      fail("cpu", "FERRY_CPU_PATH='", want, "' is not one of reference, avx2, avx512");
     if (static_cast<int>(p) > static_cast<int>(best))
       fail("cpu", "FERRY_CPU_PATH=", want, " but this CPU supports at most ", cpu_path_name(best));
     best = p;

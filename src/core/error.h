@@ -33,8 +33,8 @@ template <typename... Args>
 }
 
 // Always-on cheap invariant check.
-#define FERRY_CHECK(cond, op, ...)                                     \
-  do {                                                                 \
+#define FERRY_CHECK(cond, op, ...)                                             \
+  do {                                                                         \
     if (!(cond)) ::ferry::fail(op, "check failed: " #cond " ", ##__VA_ARGS__); \
   } while (0)
 

@@ -20,8 +20,8 @@ BatchEngine::BatchEngine(const model::Model& model, const text::Tokenizer& tok,
       batch_(spec_) {}
 
 size_t BatchEngine::submit(const GenerationRequest& req, Sequence::OnText on_text) {
-  auto seq = std::make_unique<Sequence>(req, tok_, model_.config().context_length,
-                                        std::move(on_text));
+  auto seq =
+      std::make_unique<Sequence>(req, tok_, model_.config().context_length, std::move(on_text));
   waiting_.push_back(Item{next_id_, std::move(seq)});
   return next_id_++;
 }

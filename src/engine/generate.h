@@ -23,7 +23,7 @@ struct GenerationRequest {
   SamplingParams sampling;
   std::vector<std::string> stop;
   bool ignore_eos = false;
-  size_t prefill_chunk = 256;  // prompt tokens per forward step
+  size_t prefill_chunk = 256;                         // prompt tokens per forward step
   kernels::KvFormat kv_k = kernels::KvFormat::f32();  // KV storage
   kernels::KvFormat kv_v = kernels::KvFormat::f32();
 };

@@ -12,7 +12,8 @@ void SamplingParams::validate() const {
   auto bad = [](const char* field, auto value, const char* rule) {
     fail("sampling", field, "=", value, " ", rule);
   };
-  if (!(temperature >= 0.0f) || temperature > 100.0f) bad("temperature", temperature, "must be in [0, 100]");
+  if (!(temperature >= 0.0f) || temperature > 100.0f)
+    bad("temperature", temperature, "must be in [0, 100]");
   if (!(top_p > 0.0f && top_p <= 1.0f)) bad("top_p", top_p, "must be in (0, 1]");
   if (top_k < 0) bad("top_k", top_k, "must be >= 0 (0 disables)");
   if (!(min_p >= 0.0f && min_p <= 1.0f)) bad("min_p", min_p, "must be in [0, 1]");
@@ -48,7 +49,9 @@ uint64_t Rng::next() {
   return result;
 }
 
-double Rng::uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+double Rng::uniform() {
+  return static_cast<double>(next() >> 11) * 0x1.0p-53;
+}
 
 static uint64_t os_seed() {
   std::random_device rd;
@@ -118,7 +121,8 @@ Sampled Sampler::sample(std::span<float> logits) {
   } else {
     cand_.clear();
     cand_.reserve(V);
-    for (size_t i = 0; i < V; ++i) cand_.emplace_back(logits[i] / params_.temperature, static_cast<int32_t>(i));
+    for (size_t i = 0; i < V; ++i)
+      cand_.emplace_back(logits[i] / params_.temperature, static_cast<int32_t>(i));
     // Sort by logit descending, id ascending: a total order, so the
     // candidate list is the same on every run.
     auto cmp = [](const auto& a, const auto& b) {

@@ -12,14 +12,14 @@
 namespace ferry::engine {
 
 struct SamplingParams {
-  float temperature = 1.0f;  // 0: greedy
-  float top_p = 1.0f;        // (0, 1]
-  int32_t top_k = 0;         // 0: off
-  float min_p = 0.0f;        // [0, 1]
-  float presence_penalty = 0.0f;   // [-2, 2], on generated tokens
-  float frequency_penalty = 0.0f;  // [-2, 2], on generated tokens
-  float repetition_penalty = 1.0f; // > 0, on prompt and generated tokens
-  std::optional<uint64_t> seed;    // none: drawn from the OS
+  float temperature = 1.0f;         // 0: greedy
+  float top_p = 1.0f;               // (0, 1]
+  int32_t top_k = 0;                // 0: off
+  float min_p = 0.0f;               // [0, 1]
+  float presence_penalty = 0.0f;    // [-2, 2], on generated tokens
+  float frequency_penalty = 0.0f;   // [-2, 2], on generated tokens
+  float repetition_penalty = 1.0f;  // > 0, on prompt and generated tokens
+  std::optional<uint64_t> seed;     // none: drawn from the OS
   // Throws ferry::Error("[sampling] ...") naming the first bad field.
   void validate() const;
 };

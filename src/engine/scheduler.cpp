@@ -34,9 +34,9 @@ struct Scheduler::Request {
   Sink sink;
   size_t top_logprobs = 0;
   std::unique_ptr<Sequence> seq;
-  std::string text;        // text the last token made final
-  size_t projected = 0;    // KV bytes reserved at admission
-  size_t prefilled = 0;    // prompt tokens in the cache
+  std::string text;      // text the last token made final
+  size_t projected = 0;  // KV bytes reserved at admission
+  size_t prefilled = 0;  // prompt tokens in the cache
   Clock::time_point submitted, last_token;
   bool decoding() const { return prefilled == req.prompt.size(); }
 };
@@ -182,12 +182,10 @@ static std::vector<TopLogprob> top_logprobs(std::span<const float> logits, size_
   std::vector<int32_t> ids(logits.size());
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
   k = std::min(k, ids.size());
-  std::partial_sort(ids.begin(), ids.begin() + static_cast<long>(k), ids.end(),
-                    [&](int32_t a, int32_t b) {
-                      return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
-                    });
-  for (size_t i = 0; i < k; ++i)
-    out.push_back({ids[i], static_cast<float>(logits[ids[i]] - lse)});
+  std::partial_sort(
+      ids.begin(), ids.begin() + static_cast<long>(k), ids.end(),
+      [&](int32_t a, int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; });
+  for (size_t i = 0; i < k; ++i) out.push_back({ids[i], static_cast<float>(logits[ids[i]] - lse)});
   return out;
 }
 
@@ -266,8 +264,8 @@ bool Scheduler::step() {
     if (r.decoding()) continue;
     const size_t n = std::min({opts_.prefill_chunk, r.req.prompt.size() - r.prefilled, budget});
     const bool last = r.prefilled + n == r.req.prompt.size();
-    rows[b] = model::RowInput{std::span<const int32_t>(r.req.prompt).subspan(r.prefilled, n),
-                              false, last};
+    rows[b] = model::RowInput{std::span<const int32_t>(r.req.prompt).subspan(r.prefilled, n), false,
+                              last};
     budget -= n;
   }
 
@@ -302,9 +300,9 @@ bool Scheduler::step() {
       const GenerationResult& res = r.seq->result();
       ++generated;
       (was_prefilling ? ttfts : itls)
-          .push_back(std::chrono::duration<double>(now - (was_prefilling ? r.submitted
-                                                                         : r.last_token))
-                         .count());
+          .push_back(
+              std::chrono::duration<double>(now - (was_prefilling ? r.submitted : r.last_token))
+                  .count());
       r.last_token = now;
       const bool eog = done && res.finish == FinishReason::Stop && !r.req.ignore_eos &&
                        tok_.is_end_of_generation(res.tokens.back());

@@ -42,12 +42,12 @@ struct TopLogprob {
 struct StreamEvent {
   enum class Kind { Token, Finished, Error };
   Kind kind = Kind::Token;
-  std::string text;  // Token: text that became final with this token (may be empty)
+  std::string text;    // Token: text that became final with this token (may be empty)
   int32_t token = -1;  // -1: text only (held-back text released at the end)
   float logprob = 0;
-  std::vector<TopLogprob> top_logprobs;  // Token: when requested
-  FinishReason finish = FinishReason::Length;  // Finished
-  std::string error;                           // Error
+  std::vector<TopLogprob> top_logprobs;             // Token: when requested
+  FinishReason finish = FinishReason::Length;       // Finished
+  std::string error;                                // Error
   size_t prompt_tokens = 0, completion_tokens = 0;  // Finished
 };
 using Sink = std::function<void(const StreamEvent&)>;
@@ -74,8 +74,8 @@ struct Histogram {
 
 struct SchedulerMetrics {
   size_t running = 0, waiting = 0;
-  size_t kv_bytes_in_use = 0;    // projected bytes of admitted requests
-  size_t kv_bytes_allocated = 0; // BatchKv::allocated_bytes of the batch
+  size_t kv_bytes_in_use = 0;     // projected bytes of admitted requests
+  size_t kv_bytes_allocated = 0;  // BatchKv::allocated_bytes of the batch
   size_t kv_budget_bytes = 0;
   uint64_t prompt_tokens_total = 0, generation_tokens_total = 0;
   uint64_t requests_finished = 0, requests_cancelled = 0, requests_rejected = 0;

@@ -6,8 +6,8 @@
 
 namespace ferry::engine {
 
-Sequence::Sequence(const GenerationRequest& req, const text::Tokenizer& tok,
-                   size_t context_length, OnText on_text)
+Sequence::Sequence(const GenerationRequest& req, const text::Tokenizer& tok, size_t context_length,
+                   OnText on_text)
     : req_(req),
       tok_(tok),
       budget_(0),

@@ -16,7 +16,9 @@ inline void decode_kv_side(const KvSide& side, size_t D, size_t h, size_t j, flo
   const uint8_t* p0 = side.plane[0] + h * side.head_stride[0] + j * side.unit[0];
   uint16_t u;
   switch (side.format.kind) {
-    case KvFormat::Kind::F32: std::memcpy(out, p0, D * 4); return;
+    case KvFormat::Kind::F32:
+      std::memcpy(out, p0, D * 4);
+      return;
     case KvFormat::Kind::F16:
       for (size_t i = 0; i < D; ++i) {
         std::memcpy(&u, p0 + 2 * i, 2);

@@ -15,9 +15,12 @@ void KvFormat::validate(size_t head_dim) const {
 
 std::string KvFormat::name() const {
   switch (kind) {
-    case Kind::F32: return "f32";
-    case Kind::F16: return "f16";
-    case Kind::BF16: return "bf16";
+    case Kind::F32:
+      return "f32";
+    case Kind::F16:
+      return "f16";
+    case Kind::BF16:
+      return "bf16";
     case Kind::Affine: {
       // Built with append: GCC 12 reports a false -Wrestrict on "q" + string.
       std::string s = "q";
@@ -30,9 +33,11 @@ std::string KvFormat::name() const {
 
 std::vector<size_t> KvFormat::plane_units(size_t head_dim) const {
   switch (kind) {
-    case Kind::F32: return {4 * head_dim};
+    case Kind::F32:
+      return {4 * head_dim};
     case Kind::F16:
-    case Kind::BF16: return {2 * head_dim};
+    case Kind::BF16:
+      return {2 * head_dim};
     case Kind::Affine: {
       size_t groups = head_dim / group;
       return {head_dim * bits / 8, 2 * groups, 2 * groups};
@@ -58,7 +63,8 @@ KvFormat parse_kv_format(const std::string& t) {
     if ((bits == "4" || bits == "8") && (group == "32" || group == "64" || group == "128"))
       return KvFormat::affine(std::stoi(bits), std::stoi(group));
   }
-  fail("kv_format", "unknown KV format '", t, "' (use f32, f16, bf16, q8, q4, or qBgG with G in 32/64/128)");
+  fail("kv_format", "unknown KV format '", t,
+       "' (use f32, f16, bf16, q8, q4, or qBgG with G in 32/64/128)");
 }
 
 }  // namespace ferry::kernels

@@ -13,15 +13,19 @@ namespace ferry::kernels {
 
 const PathKernels& kernels_for(CpuPath p) {
   switch (p) {
-    case CpuPath::Reference: return reference_kernels();
-    case CpuPath::Avx2: return avx2_kernels();
-    case CpuPath::Avx512: return avx512_kernels();
+    case CpuPath::Reference:
+      return reference_kernels();
+    case CpuPath::Avx2:
+      return avx2_kernels();
+    case CpuPath::Avx512:
+      return avx512_kernels();
   }
   fail("kernels", "unknown cpu path");
 }
 
 namespace {
-void run(const Context& ctx, size_t n, size_t grain, const std::function<void(size_t, size_t)>& fn) {
+void run(const Context& ctx, size_t n, size_t grain,
+         const std::function<void(size_t, size_t)>& fn) {
   if (ctx.pool) {
     ctx.pool->parallel_for(n, grain, fn);
   } else {

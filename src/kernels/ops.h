@@ -95,7 +95,8 @@ struct AttentionShape {
 // bits on every path).
 void decode_kv(const KvSide& side, size_t head_dim, size_t h, size_t j, float* out);
 // Runs every task × head, threads split over (task, head) pairs.
-void attention(const Context& ctx, const AttentionShape& shape, std::span<const AttentionTask> tasks);
+void attention(const Context& ctx, const AttentionShape& shape,
+               std::span<const AttentionTask> tasks);
 
 // Dispatched primitive (exposed for the op-consistency test).
 float dot(CpuPath path, const float* a, const float* b, size_t n);

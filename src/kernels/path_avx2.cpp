@@ -3,5 +3,7 @@
 #include "kernels/path_impl.h"
 
 namespace ferry::kernels {
-const PathKernels& avx2_kernels() { return avx2::table(); }
+const PathKernels& avx2_kernels() {
+  return avx2::table();
+}
 }  // namespace ferry::kernels

@@ -3,5 +3,7 @@
 #include "kernels/path_impl.h"
 
 namespace ferry::kernels {
-const PathKernels& avx512_kernels() { return avx512::table(); }
+const PathKernels& avx512_kernels() {
+  return avx512::table();
+}
 }  // namespace ferry::kernels

@@ -7,14 +7,16 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/path_kernels.h"
 #include "kernels/kv_decode.h"
+#include "kernels/path_kernels.h"
 #include "kernels/quant_blocks.h"
 #include "kernels/vec16.h"
 
 namespace ferry::kernels::FERRY_PATH_NAMESPACE {
 
-inline float dot(const float* a, const float* b, size_t n) { return dot16(a, b, n); }
+inline float dot(const float* a, const float* b, size_t n) {
+  return dot16(a, b, n);
+}
 
 // Row decoders: load16(row, k) returns elements [k, k+16) of a weight row
 // as float32, bit-identical to decode_row (same multiply, then add).
@@ -86,8 +88,8 @@ void tile_fused(const uint8_t* const* wr, size_t nj, const float* x, size_t n_ro
 
 // Many activation rows (prefill): decode the tile once into scratch, then
 // run the same canonical dots against every row.
-inline void tile_scratch(const float* const* wf, size_t nj, const float* x, size_t n_rows,
-                         size_t K, float* y, size_t ldy) {
+inline void tile_scratch(const float* const* wf, size_t nj, const float* x, size_t n_rows, size_t K,
+                         float* y, size_t ldy) {
   for (size_t r = 0; r < n_rows; ++r) {
     const float* xr = x + r * K;
     if (nj == kRowsPerTile) {
@@ -118,8 +120,8 @@ inline void matmul_cols(const WeightView& w, const float* x, size_t n_rows, floa
                         size_t j1) {
   const size_t K = w.n_in, N = w.n_out, rb = w.row_bytes();
   // Decoding into scratch pays off once the tile is reused by a few rows.
-  const bool fused = n_rows <= 2 && w.type != DType::Q4_K && w.type != DType::Q5_K &&
-                     w.type != DType::Q6_K;
+  const bool fused =
+      n_rows <= 2 && w.type != DType::Q4_K && w.type != DType::Q5_K && w.type != DType::Q6_K;
   thread_local std::vector<float> scratch;
   if (!fused && scratch.size() < kRowsPerTile * K) scratch.resize(kRowsPerTile * K);
   for (size_t j = j0; j < j1; j += kRowsPerTile) {
@@ -129,13 +131,26 @@ inline void matmul_cols(const WeightView& w, const float* x, size_t n_rows, floa
     float* yt = y + j;
     if (fused) {
       switch (w.type) {
-        case DType::F32: tile_fused<DecF32>(wr, nj, x, n_rows, K, yt, N); break;
-        case DType::F16: tile_fused<DecF16>(wr, nj, x, n_rows, K, yt, N); break;
-        case DType::BF16: tile_fused<DecBF16>(wr, nj, x, n_rows, K, yt, N); break;
-        case DType::Q8_0: tile_fused<DecQ8_0>(wr, nj, x, n_rows, K, yt, N); break;
-        case DType::Q4_0: tile_fused<DecQ4_0>(wr, nj, x, n_rows, K, yt, N); break;
-        case DType::Q4_1: tile_fused<DecQ4_1>(wr, nj, x, n_rows, K, yt, N); break;
-        default: break;
+        case DType::F32:
+          tile_fused<DecF32>(wr, nj, x, n_rows, K, yt, N);
+          break;
+        case DType::F16:
+          tile_fused<DecF16>(wr, nj, x, n_rows, K, yt, N);
+          break;
+        case DType::BF16:
+          tile_fused<DecBF16>(wr, nj, x, n_rows, K, yt, N);
+          break;
+        case DType::Q8_0:
+          tile_fused<DecQ8_0>(wr, nj, x, n_rows, K, yt, N);
+          break;
+        case DType::Q4_0:
+          tile_fused<DecQ4_0>(wr, nj, x, n_rows, K, yt, N);
+          break;
+        case DType::Q4_1:
+          tile_fused<DecQ4_1>(wr, nj, x, n_rows, K, yt, N);
+          break;
+        default:
+          break;
       }
       continue;
     }
@@ -143,13 +158,26 @@ inline void matmul_cols(const WeightView& w, const float* x, size_t n_rows, floa
     for (size_t u = 0; u < nj; ++u) {
       float* dst = scratch.data() + u * K;
       switch (w.type) {
-        case DType::F32: break;
-        case DType::F16: decode_with<DecF16>(wr[u], K, dst); break;
-        case DType::BF16: decode_with<DecBF16>(wr[u], K, dst); break;
-        case DType::Q8_0: decode_with<DecQ8_0>(wr[u], K, dst); break;
-        case DType::Q4_0: decode_with<DecQ4_0>(wr[u], K, dst); break;
-        case DType::Q4_1: decode_with<DecQ4_1>(wr[u], K, dst); break;
-        default: decode_row(w.type, wr[u], dst, K); break;
+        case DType::F32:
+          break;
+        case DType::F16:
+          decode_with<DecF16>(wr[u], K, dst);
+          break;
+        case DType::BF16:
+          decode_with<DecBF16>(wr[u], K, dst);
+          break;
+        case DType::Q8_0:
+          decode_with<DecQ8_0>(wr[u], K, dst);
+          break;
+        case DType::Q4_0:
+          decode_with<DecQ4_0>(wr[u], K, dst);
+          break;
+        case DType::Q4_1:
+          decode_with<DecQ4_1>(wr[u], K, dst);
+          break;
+        default:
+          decode_row(w.type, wr[u], dst, K);
+          break;
       }
       wf[u] = w.type == DType::F32 ? reinterpret_cast<const float*>(wr[u]) : dst;
     }

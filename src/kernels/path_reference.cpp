@@ -2,5 +2,7 @@
 #include "kernels/path_impl.h"
 
 namespace ferry::kernels {
-const PathKernels& reference_kernels() { return reference::table(); }
+const PathKernels& reference_kernels() {
+  return reference::table();
+}
 }  // namespace ferry::kernels

@@ -136,7 +136,9 @@ inline void decode_q6_k(const uint8_t* b, float* out) {
 // Decodes n elements (a multiple of the type's block size) of a row.
 inline void decode_row(DType t, const uint8_t* src, float* out, size_t n) {
   switch (t) {
-    case DType::F32: std::memcpy(out, src, n * 4); return;
+    case DType::F32:
+      std::memcpy(out, src, n * 4);
+      return;
     case DType::F16:
       for (size_t i = 0; i < n; ++i) out[i] = f16_to_f32(load_u16(src + 2 * i));
       return;

@@ -83,7 +83,8 @@ struct Vec16 {
   Vec16 operator-(Vec16 o) const { return {_mm256_sub_ps(lo, o.lo), _mm256_sub_ps(hi, o.hi)}; }
   static __m256 cvt8(__m128i bytes8) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes8)); }
   static Vec16 from_i8(const uint8_t* p) {
-    return {cvt8(_mm_loadl_epi64((const __m128i*)p)), cvt8(_mm_loadl_epi64((const __m128i*)(p + 8)))};
+    return {cvt8(_mm_loadl_epi64((const __m128i*)p)),
+            cvt8(_mm_loadl_epi64((const __m128i*)(p + 8)))};
   }
   static Vec16 nib(const uint8_t* p, int shift) {
     __m128i b = _mm_loadu_si128((const __m128i*)p);
@@ -93,7 +94,8 @@ struct Vec16 {
       lo8 = _mm256_srli_epi32(lo8, 4);
       hi8 = _mm256_srli_epi32(hi8, 4);
     }
-    return {_mm256_cvtepi32_ps(_mm256_and_si256(lo8, m)), _mm256_cvtepi32_ps(_mm256_and_si256(hi8, m))};
+    return {_mm256_cvtepi32_ps(_mm256_and_si256(lo8, m)),
+            _mm256_cvtepi32_ps(_mm256_and_si256(hi8, m))};
   }
   static Vec16 from_lo4(const uint8_t* p) { return nib(p, 0); }
   static Vec16 from_hi4(const uint8_t* p) { return nib(p, 4); }
@@ -105,7 +107,8 @@ struct Vec16 {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
   static Vec16 from_bf16(const uint8_t* p) {
-    return {bf8(_mm_loadu_si128((const __m128i*)p)), bf8(_mm_loadu_si128((const __m128i*)(p + 16)))};
+    return {bf8(_mm_loadu_si128((const __m128i*)p)),
+            bf8(_mm_loadu_si128((const __m128i*)(p + 16)))};
   }
   float reduce() const {
     __m256 s8 = _mm256_add_ps(lo, hi);
@@ -141,9 +144,15 @@ struct Vec16 {
     for (int i = 0; i < 16; ++i) r.l[i] = f(i);
     return r;
   }
-  Vec16 operator*(Vec16 o) const { return make([&](int i) { return l[i] * o.l[i]; }); }
-  Vec16 operator+(Vec16 o) const { return make([&](int i) { return l[i] + o.l[i]; }); }
-  Vec16 operator-(Vec16 o) const { return make([&](int i) { return l[i] - o.l[i]; }); }
+  Vec16 operator*(Vec16 o) const {
+    return make([&](int i) { return l[i] * o.l[i]; });
+  }
+  Vec16 operator+(Vec16 o) const {
+    return make([&](int i) { return l[i] + o.l[i]; });
+  }
+  Vec16 operator-(Vec16 o) const {
+    return make([&](int i) { return l[i] - o.l[i]; });
+  }
   static Vec16 from_i8(const uint8_t* p) {
     return make([&](int i) { return static_cast<float>(static_cast<int8_t>(p[i])); });
   }
@@ -154,10 +163,12 @@ struct Vec16 {
     return make([&](int i) { return static_cast<float>(p[i] >> 4); });
   }
   static Vec16 from_f16(const uint8_t* p) {
-    return make([&](int i) { return f16_to_f32(static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8))); });
+    return make(
+        [&](int i) { return f16_to_f32(static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8))); });
   }
   static Vec16 from_bf16(const uint8_t* p) {
-    return make([&](int i) { return bf16_to_f32(static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8))); });
+    return make(
+        [&](int i) { return bf16_to_f32(static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8))); });
   }
   float reduce() const {
     float s8[8], s4[4], s2[2];

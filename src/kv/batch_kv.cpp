@@ -71,7 +71,8 @@ size_t BatchKv::minimum_reusable_offset() const {
 }
 
 static size_t layer_bytes_per_token(const KvSpec& s, const KvLayerSpec& l) {
-  return s.n_kv_heads * (l.k.bytes_per_head_token(s.head_dim) + l.v.bytes_per_head_token(s.head_dim));
+  return s.n_kv_heads *
+         (l.k.bytes_per_head_token(s.head_dim) + l.v.bytes_per_head_token(s.head_dim));
 }
 
 size_t BatchKv::bytes_per_token() const {
@@ -83,8 +84,8 @@ size_t BatchKv::bytes_per_token() const {
 size_t BatchKv::projected_bytes(size_t tokens, size_t max_step) const {
   size_t n = 0;
   for (const auto& l : spec_.layers) {
-    const size_t held = l.window ? std::min(tokens, l.window + std::max<size_t>(max_step, 1) - 1)
-                                 : tokens;
+    const size_t held =
+        l.window ? std::min(tokens, l.window + std::max<size_t>(max_step, 1) - 1) : tokens;
     n += layer_bytes_per_token(spec_, l) * held;
   }
   return n;
@@ -124,8 +125,8 @@ std::pair<size_t, size_t> BatchKv::live_cols(size_t layer, const RowState& r) co
   return {r.end - n, n};
 }
 
-void BatchKv::copy_span(LayerStore& dst, size_t dr, ColMap dm, size_t c_dst,
-                        const LayerStore& src, size_t sr, ColMap sm, size_t c_src, size_t n) {
+void BatchKv::copy_span(LayerStore& dst, size_t dr, ColMap dm, size_t c_dst, const LayerStore& src,
+                        size_t sr, ColMap sm, size_t c_src, size_t n) {
   const bool same = &dst == &src;
   while (n > 0) {
     const size_t ps = sm.slot(c_src), pd = dm.slot(c_dst);
@@ -210,8 +211,8 @@ void BatchKv::check_ring_rollback(const char* op, std::span<const size_t> new_le
       // The next token (position new_len) needs keys from new_len + 1 - w.
       const size_t need_from = new_len[b] + 1 > w ? new_len[b] + 1 - w : 0;
       if (table_.row(b).ring_lost > need_from)
-        fail("kv", op, ": row ", b, " would need keys from position ", need_from,
-             " that layer ", l, "'s sliding-window ring (", ring_size(l),
+        fail("kv", op, ": row ", b, " would need keys from position ", need_from, " that layer ", l,
+             "'s sliding-window ring (", ring_size(l),
              " slots) has already overwritten; keep more tokens");
     }
   }
@@ -372,8 +373,8 @@ void BatchKv::commit(std::span<const size_t> counts) {
   for (size_t b = 0; b < rows(); ++b) {
     FERRY_CHECK(table_.row(b).end + counts[b] + base_ <= geo_.col_cap, "kv", "commit: row ", b,
                 " would end past capacity ", geo_.col_cap, " (reserve first)");
-    FERRY_CHECK(!has_ring() || counts[b] <= step_cap_, "kv", "commit: row ", b, " got ",
-                counts[b], " tokens, rings allow ", step_cap_, " (reserve first)");
+    FERRY_CHECK(!has_ring() || counts[b] <= step_cap_, "kv", "commit: row ", b, " got ", counts[b],
+                " tokens, rings allow ", step_cap_, " (reserve first)");
   }
   std::vector<RowState> next(table_.rows().begin(), table_.rows().end());
   size_t min_ring = 0;
@@ -553,7 +554,8 @@ void BatchKv::align(std::span<const size_t> left_pad) {
 void BatchKv::trim(size_t n) {
   require_no_round("trim");
   std::vector<size_t> len(rows());
-  for (size_t b = 0; b < rows(); ++b) len[b] = table_.row(b).length() - std::min(n, table_.row(b).length());
+  for (size_t b = 0; b < rows(); ++b)
+    len[b] = table_.row(b).length() - std::min(n, table_.row(b).length());
   check_ring_rollback("trim", len);
   table_.trim(n);
 }
@@ -603,8 +605,8 @@ KvView BatchKv::capture(size_t layer, std::span<const size_t> pending) const {
 }
 
 std::vector<uint8_t> BatchKv::mask(size_t layer, std::span<const size_t> counts) const {
-  FERRY_CHECK(layer < spec_.layers.size() && counts.size() == rows(), "kv", "mask: layer ",
-              layer, ", ", counts.size(), " counts for ", rows(), " rows");
+  FERRY_CHECK(layer < spec_.layers.size() && counts.size() == rows(), "kv", "mask: layer ", layer,
+              ", ", counts.size(), " counts for ", rows(), " rows");
   size_t N = 0, S = 0;
   for (size_t b = 0; b < rows(); ++b) {
     N = std::max(N, counts[b]);

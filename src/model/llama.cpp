@@ -145,8 +145,7 @@ void LlamaModel::forward(const kernels::Context& ctx, kv::BatchKv& kv,
     t += n;
   }
   std::vector<float> sel(out_tokens.size() * E);
-  for (size_t i = 0; i < out_tokens.size(); ++i)
-    std::copy_n(&x[out_tokens[i] * E], E, &sel[i * E]);
+  for (size_t i = 0; i < out_tokens.size(); ++i) std::copy_n(&x[out_tokens[i] * E], E, &sel[i * E]);
   kernels::rmsnorm(ctx, sel.data(), output_norm_, out_tokens.size(), E, c.rms_eps, sel.data());
   logits.resize(out_tokens.size() * c.vocab_size);
   kernels::matmul(ctx, output_, sel.data(), out_tokens.size(), logits.data());

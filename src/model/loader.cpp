@@ -44,7 +44,8 @@ ModelConfig read_llama_config(const gguf::File& f, const std::string& arch) {
   if (const auto* tok = f.find("tokenizer.ggml.tokens")) {
     c.vocab_size = tok->as_array("tokenizer.ggml.tokens").items.size();
   }
-  c.vocab_size = static_cast<size_t>(f.get_int(key("vocab_size"), static_cast<int64_t>(c.vocab_size)));
+  c.vocab_size =
+      static_cast<size_t>(f.get_int(key("vocab_size"), static_cast<int64_t>(c.vocab_size)));
 
   // Inverse frequencies: base^(-2i/d), computed in double and rounded once.
   const size_t half = c.head_dim / 2;
@@ -80,8 +81,8 @@ kernels::WeightView weight(const gguf::File& f, const std::string& name, size_t 
   bool ok = (t.shape.size() == 2 && t.shape[0] == n_in && t.shape[1] == n_out) ||
             (t.shape.size() == 1 && n_out == 1 && t.shape[0] == n_in);
   if (!ok)
-    fail("model", f.path(), ": tensor '", name, "' has shape ", shape_str(t.shape),
-         ", expected [", n_in, ", ", n_out, "]");
+    fail("model", f.path(), ": tensor '", name, "' has shape ", shape_str(t.shape), ", expected [",
+         n_in, ", ", n_out, "]");
   return kernels::WeightView{t.type, t.data, n_in, n_out};
 }
 

@@ -15,8 +15,7 @@ ModelConfig read_llama_config(const gguf::File& f, const std::string& arch);
 
 // Tensor `name` as a weight of n_out rows of n_in; throws naming the tensor
 // when it is missing or its shape differs.
-kernels::WeightView weight(const gguf::File& f, const std::string& name, size_t n_in,
-                           size_t n_out);
+kernels::WeightView weight(const gguf::File& f, const std::string& name, size_t n_in, size_t n_out);
 // A 1-D F32 tensor of n elements (norm weights, rope factors).
 const float* vector_f32(const gguf::File& f, const std::string& name, size_t n);
 

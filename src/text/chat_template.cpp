@@ -37,7 +37,10 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages,
   return render(in);
 }
 
-std::string ChatTemplate::render(const ChatRenderInputs& in) const {
+namespace {
+
+// The template's variables, as apply_chat_template passes them.
+jinja::Value make_context(const ChatRenderInputs& in) {
   if (!in.messages.is_array()) fail(kOp, "messages must be a JSON array");
   if (!in.extra.is_object()) fail(kOp, "extra variables must be a JSON object");
   std::vector<jinja::Value> messages;
@@ -59,9 +62,25 @@ std::string ChatTemplate::render(const ChatRenderInputs& in) const {
   for (auto it = in.extra.begin(); it != in.extra.end(); ++it) {
     ctx->set(it.key(), jinja::from_json(it.value()));
   }
+  return jinja::Value::dict(std::move(ctx));
+}
+
+}  // namespace
+
+std::string ChatTemplate::render(const ChatRenderInputs& in) const {
+  jinja::Value ctx;
+  try {
+    ctx = make_context(in);
+  } catch (const Error& e) {
+    // from_json reports as "[jinja] ..."; keep one prefix for this API.
+    std::string msg = e.what();
+    if (msg.rfind("[jinja] ", 0) == 0) msg = msg.substr(8);
+    if (msg.rfind("[chat_template] ", 0) == 0) throw;
+    fail(kOp, msg);
+  }
   jinja::RenderOptions options;
   options.clock = clock_;
-  return template_.render(jinja::Value::dict(std::move(ctx)), options);
+  return template_.render(ctx, options);
 }
 
 }  // namespace ferry::text

@@ -158,8 +158,11 @@ Value convert(const Json& j, int depth) {
     }
     case nlohmann::json::value_t::number_float:
       return Value(j.template get<double>());
-    case nlohmann::json::value_t::string:
-      return Value(j.template get<std::string>());
+    case nlohmann::json::value_t::string: {
+      const auto& s = j.template get_ref<const std::string&>();
+      if (!pystr::valid_utf8(s)) throw Error("[jinja] JSON string is not valid UTF-8");
+      return Value(s);
+    }
     case nlohmann::json::value_t::array: {
       std::vector<Value> items;
       items.reserve(j.size());
@@ -168,8 +171,10 @@ Value convert(const Json& j, int depth) {
     }
     case nlohmann::json::value_t::object: {
       auto d = std::make_shared<DictData>();
-      for (auto it = j.begin(); it != j.end(); ++it)
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        if (!pystr::valid_utf8(it.key())) throw Error("[jinja] JSON key is not valid UTF-8");
         d->set(it.key(), convert(it.value(), depth + 1));
+      }
       return Value::dict(std::move(d));
     }
     default:

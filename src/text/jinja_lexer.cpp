@@ -129,6 +129,9 @@ class Lexer {
   }
 
   void lex_comment(std::size_t start) {
+    // jinja2 quirk: a comment opener that ends the template is dropped
+    // silently (its failure rule needs one more character to fire).
+    if (pos_ == src_.size()) return;
     std::size_t end = src_.find("#}", pos_);
     if (end == std::string::npos) fail(start, "missing end of comment tag");
     char sign = end > pos_ && (src_[end - 1] == '-' || src_[end - 1] == '+') ? src_[end - 1] : 0;
@@ -368,6 +371,7 @@ class Lexer {
         fail(start, "truncated \\x/\\u escape in string literal");
       pos_ += n;
       if (v > 0x10FFFF) fail(start, "illegal Unicode character in string literal");
+      if (v >= 0xD800 && v <= 0xDFFF) fail(start, "surrogate escapes are not supported");
       pystr::append_utf8(value, v);
     };
     switch (e) {

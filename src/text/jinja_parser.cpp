@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "text/jinja_parser_impl.h"
+#include "text/jinja_strings.h"
 
 namespace ferry::text::jinja {
 namespace {
@@ -325,6 +326,7 @@ std::shared_ptr<const Program> parse(std::string_view source, const LexOptions& 
   auto program = std::make_shared<Program>();
   program->source = normalize_source(source);
   program->op = op;
+  if (!pystr::valid_utf8(program->source)) throw Error("[" + op + "] template is not valid UTF-8");
   Parser parser(program->source, tokenize(program->source, options, op), op);
   program->body = parser.parse_template();
   return program;

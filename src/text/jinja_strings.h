@@ -16,6 +16,7 @@
 
 namespace ferry::text::jinja::pystr {
 
+bool valid_utf8(std::string_view s);
 // Decodes UTF-8; throws EvalError on malformed input.
 std::u32string decode(std::string_view s);
 std::string encode(std::u32string_view s);

@@ -19,7 +19,8 @@ struct Result {
 // Runs the ferry binary with `args` (shell-quoted by the caller); stdout
 // only unless merge_stderr.
 Result ferry(const std::string& args, bool merge_stderr = false) {
-  std::string cmd = std::string(FERRY_BINARY) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+  std::string cmd =
+      std::string(FERRY_BINARY) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
   FILE* p = popen(cmd.c_str(), "r");
   EXPECT_NE(p, nullptr);
   std::string out;
@@ -83,15 +84,17 @@ TEST(Cli, GreedyJsonIsDeterministicAndWellFormed) {
 }
 
 TEST(Cli, SameSeedSameText) {
-  const std::string args = "run -q --seed 11 --temperature 0.9 --max-tokens 16 --json 'Tell a story'";
+  const std::string args =
+      "run -q --seed 11 --temperature 0.9 --max-tokens 16 --json 'Tell a story'";
   Result a = ferry(args), b = ferry(args);
   ASSERT_EQ(a.code, 0);
   EXPECT_EQ(a.out, b.out);
 }
 
 TEST(Cli, StopStringEndsGenerationAndIsNotEmitted) {
-  Result r = ferry("run -q --raw --temperature 0 --max-tokens 40 --ignore-eos --stop ' ' --json "
-                   "'The capital of France is'");
+  Result r = ferry(
+      "run -q --raw --temperature 0 --max-tokens 40 --ignore-eos --stop ' ' --json "
+      "'The capital of France is'");
   ASSERT_EQ(r.code, 0);
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["finish_reason"], "stop");
@@ -102,9 +105,15 @@ TEST(Cli, StopStringEndsGenerationAndIsNotEmitted) {
 // output, rows joining and leaving as others finish; also with 4-bit KV.
 TEST(Cli, BatchOutputIsByteIdenticalToSolo) {
   std::ostringstream jsonl;
-  const char* prompts[] = {"Hello", "Write a poem about the sea.", "1, 2, 3, 4,",
-                           "Explain gravity to a child.", "def fib(n):", "Bonjour, je suis",
-                           "List three colors.", "The quick brown fox", "Why is the sky blue?",
+  const char* prompts[] = {"Hello",
+                           "Write a poem about the sea.",
+                           "1, 2, 3, 4,",
+                           "Explain gravity to a child.",
+                           "def fib(n):",
+                           "Bonjour, je suis",
+                           "List three colors.",
+                           "The quick brown fox",
+                           "Why is the sky blue?",
                            "Once upon a time"};
   for (int i = 0; i < 10; ++i) {
     nlohmann::json j;

@@ -11,7 +11,9 @@
 namespace ferry::engine {
 namespace {
 
-std::vector<float> logits_of(std::vector<float> v) { return v; }
+std::vector<float> logits_of(std::vector<float> v) {
+  return v;
+}
 
 TEST(Sampler, GreedyPicksArgmaxLowestIdOnTies) {
   SamplingParams p;

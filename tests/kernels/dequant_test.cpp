@@ -25,7 +25,9 @@ std::vector<uint8_t> read_file(const std::string& path) {
   return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
 }
 
-std::string dir() { return std::string(FERRY_TEST_DATA) + "/dequant/"; }
+std::string dir() {
+  return std::string(FERRY_TEST_DATA) + "/dequant/";
+}
 
 class DequantTest : public ::testing::TestWithParam<const char*> {};
 

@@ -25,12 +25,16 @@ inline std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1
 inline std::vector<size_t> f16_fields(DType t) {
   switch (t) {
     case DType::Q8_0:
-    case DType::Q4_0: return {0};
+    case DType::Q4_0:
+      return {0};
     case DType::Q4_1:
     case DType::Q4_K:
-    case DType::Q5_K: return {0, 2};
-    case DType::Q6_K: return {208};
-    default: return {};
+    case DType::Q5_K:
+      return {0, 2};
+    case DType::Q6_K:
+      return {208};
+    default:
+      return {};
   }
 }
 

@@ -152,7 +152,8 @@ TEST(Kernels, AttentionPathsIdenticalAndMatchesFloat64Softmax) {
     }
   }
   for (CpuPath p : available_paths())
-    for (size_t threads : {1u, 2u}) EXPECT_TRUE(same_bits(run(p, threads), ref)) << cpu_path_name(p);
+    for (size_t threads : {1u, 2u})
+      EXPECT_TRUE(same_bits(run(p, threads), ref)) << cpu_path_name(p);
 }
 
 TEST(Kernels, RmsNormMatchesDefinition) {

@@ -162,7 +162,8 @@ TEST_P(BatchKvSafety, FailedPrepareLeavesTheCache) {
     kv.prepare_prefill(std::vector<size_t>{4, 1, 2});
   });
   EXPECT_EQ(n, kLayers * planes_per_layer());
-  EXPECT_EQ(rows_of(kv.table()), (Rows{{0, 0, 0, 0, 0, 4}, {3, 3, 0, 0, 0, 1}, {2, 2, 0, 0, 0, 2}}));
+  EXPECT_EQ(rows_of(kv.table()),
+            (Rows{{0, 0, 0, 0, 0, 4}, {3, 3, 0, 0, 0, 1}, {2, 2, 0, 0, 0, 2}}));
   expect_accounting(kv);
 }
 

@@ -79,20 +79,24 @@ TEST_P(BatchKvOps, PaddedPrefill) {
   kv.prepare_prefill(std::vector<size_t>{3, 5, 1});
   // Empty rows placed so that the prompts end right-aligned at 5.
   // (The last field is the prompt length still pending.)
-  EXPECT_EQ(rows_of(kv.table()), (Rows{{2, 2, 0, 0, 0, 3}, {0, 0, 0, 0, 0, 5}, {4, 4, 0, 0, 0, 1}}));
+  EXPECT_EQ(rows_of(kv.table()),
+            (Rows{{2, 2, 0, 0, 0, 3}, {0, 0, 0, 0, 0, 5}, {4, 4, 0, 0, 0, 1}}));
   EXPECT_EQ(kv.row_capacity(), 3u);
   EXPECT_EQ(kv.col_capacity(), 64u);
   expect_accounting(kv);
 
   Model got(3);
   step(kv, got, {{m[0][0], m[0][1]}, {m[1][0], m[1][1]}, {m[2][0]}});
-  EXPECT_EQ(rows_of(kv.table()), (Rows{{2, 4, 0, 0, 0, 3}, {0, 2, 0, 0, 0, 5}, {4, 5, 0, 0, 0, 1}}));
+  EXPECT_EQ(rows_of(kv.table()),
+            (Rows{{2, 4, 0, 0, 0, 3}, {0, 2, 0, 0, 0, 5}, {4, 5, 0, 0, 0, 1}}));
   // Rows 0 and 1 are short of their prompts: refused, nothing recorded.
   EXPECT_THROW(kv.finalize_prefill(), Error);
-  EXPECT_EQ(rows_of(kv.table()), (Rows{{2, 4, 0, 0, 0, 3}, {0, 2, 0, 0, 0, 5}, {4, 5, 0, 0, 0, 1}}));
+  EXPECT_EQ(rows_of(kv.table()),
+            (Rows{{2, 4, 0, 0, 0, 3}, {0, 2, 0, 0, 0, 5}, {4, 5, 0, 0, 0, 1}}));
 
   step(kv, got, {{m[0][2]}, {m[1][2], m[1][3], m[1][4]}, {}});
-  EXPECT_EQ(rows_of(kv.table()), (Rows{{2, 5, 0, 0, 0, 3}, {0, 5, 0, 0, 0, 5}, {4, 5, 0, 0, 0, 1}}));
+  EXPECT_EQ(rows_of(kv.table()),
+            (Rows{{2, 5, 0, 0, 0, 3}, {0, 5, 0, 0, 0, 5}, {4, 5, 0, 0, 0, 1}}));
   EXPECT_TRUE(kv.table().right_aligned());
   kv.finalize_prefill();
   EXPECT_EQ(rows_of(kv.table()), (Rows{{2, 5, 3, 0}, {0, 5, 5, 0}, {4, 5, 1, 0}}));

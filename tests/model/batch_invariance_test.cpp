@@ -44,11 +44,11 @@ std::vector<float> run(const Model& m, const std::vector<std::vector<int32_t>>& 
 TEST(BatchInvariance, SmolLM2LogitsIdenticalAloneBatchedChunkedThreaded) {
   auto m = load_model(test::smollm2_path());
   std::vector<int32_t> prompt{1, 504, 3458, 282, 4193, 314, 253, 1345, 28, 9, 2, 17, 99, 1000, 30};
-  std::vector<std::vector<int32_t>> batch{prompt,
-                                          {5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17},
-                                          {400, 401},
-                                          {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
-                                           17, 18, 19, 20, 21, 22, 23}};
+  std::vector<std::vector<int32_t>> batch{
+      prompt,
+      {5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17},
+      {400, 401},
+      {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23}};
   auto solo = run(*m, {prompt}, prompt.size(), 1);
   ASSERT_EQ(solo.size(), prompt.size() * m->config().vocab_size);
   struct Case {
@@ -57,8 +57,8 @@ TEST(BatchInvariance, SmolLM2LogitsIdenticalAloneBatchedChunkedThreaded) {
   };
   for (Case c : {Case{1, 1, false}, Case{4, 2, false}, Case{15, 2, true}, Case{1, 2, true},
                  Case{6, 3, true}}) {
-    auto got = run(*m, c.batched ? batch : std::vector<std::vector<int32_t>>{prompt}, c.chunk,
-                   c.threads);
+    auto got =
+        run(*m, c.batched ? batch : std::vector<std::vector<int32_t>>{prompt}, c.chunk, c.threads);
     ASSERT_EQ(got.size(), solo.size());
     EXPECT_EQ(std::memcmp(got.data(), solo.data(), solo.size() * 4), 0)
         << "chunk=" << c.chunk << " threads=" << c.threads << " batched=" << c.batched;

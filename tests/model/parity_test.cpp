@@ -94,7 +94,8 @@ TEST_P(TinyParity, LogitsOfEveryPositionMatchTransformers) {
     // Top-5 of every row, prompt and generated.
     for (size_t r = 0; r < c["n_rows"].get<size_t>(); ++r)
       for (size_t k = 0; k < 5; ++k)
-        diff.add(got[r * V + c["top5_ids"][r][k].get<size_t>()], c["top5_values"][r][k].get<double>());
+        diff.add(got[r * V + c["top5_ids"][r][k].get<size_t>()],
+                 c["top5_values"][r][k].get<double>());
   }
   std::printf("%s: max |ferry - transformers| = %.3g\n", name.c_str(), diff.v);
   EXPECT_LE(diff.v, 1e-4) << name;
@@ -137,8 +138,8 @@ TEST(SmolLM2Parity, GreedyContinuationAndLogitsMatchTransformers) {
       kv.finalize_prefill();
       std::vector<int32_t> got;
       for (size_t i = 0; i < want.size(); ++i) {
-        got.push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
-                                           logits.begin()));
+        got.push_back(
+            static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
         in = RowInput{std::span<const int32_t>(&got.back(), 1), false};
         if (i + 1 < want.size()) m->forward(ctx, kv, std::span<const RowInput>(&in, 1), logits);
       }
@@ -154,7 +155,8 @@ TEST(SmolLM2Parity, GreedyContinuationAndLogitsMatchTransformers) {
       for (size_t k = 0; k < count; ++k)
         diff.add(got[r * V + start + k * stride], bin[soff + r * count + k]);
       for (size_t k = 0; k < 5; ++k)
-        diff.add(got[r * V + c["top5_ids"][r][k].get<size_t>()], c["top5_values"][r][k].get<double>());
+        diff.add(got[r * V + c["top5_ids"][r][k].get<size_t>()],
+                 c["top5_values"][r][k].get<double>());
     }
     const size_t loff = c["last_prompt_logits"]["offset"].get<size_t>() / 4;
     for (size_t i = 0; i < V; ++i) diff.add(got[(prompt.size() - 1) * V + i], bin[loff + i]);

@@ -253,14 +253,15 @@ TEST_P(TinyScheduleTest, RowsMatchSoloBitForBit) {
   for (uint32_t seed : {1u, 2u, 3u}) run_schedule(*m, f, f, sanitized ? 8 : 24, seed);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    TinyModels, TinyScheduleTest,
-    ::testing::Values(std::tuple("tiny-llama-f32", "f32"), std::tuple("tiny-llama-f32", "f16"),
-                      std::tuple("tiny-mistral-sw4-f32", "f32"),
-                      std::tuple("tiny-mistral-sw4-f32", "f16"),
-                      std::tuple("tiny-mistral-sw4-f32", "bf16"),
-                      std::tuple("tiny-llama-q4_k", "q8g32"), std::tuple("tiny-llama-q4_k", "q4g32"),
-                      std::tuple("tiny-llama-q4_k", "q4g64")));
+INSTANTIATE_TEST_SUITE_P(TinyModels, TinyScheduleTest,
+                         ::testing::Values(std::tuple("tiny-llama-f32", "f32"),
+                                           std::tuple("tiny-llama-f32", "f16"),
+                                           std::tuple("tiny-mistral-sw4-f32", "f32"),
+                                           std::tuple("tiny-mistral-sw4-f32", "f16"),
+                                           std::tuple("tiny-mistral-sw4-f32", "bf16"),
+                                           std::tuple("tiny-llama-q4_k", "q8g32"),
+                                           std::tuple("tiny-llama-q4_k", "q4g32"),
+                                           std::tuple("tiny-llama-q4_k", "q4g64")));
 
 INSTANTIATE_TEST_SUITE_P(KvFormats, ScheduleTest,
                          ::testing::Values("f32", "f16", "q8g64", "q4g64", "q4g32", "q8k_q4v"));

@@ -167,6 +167,19 @@ TEST(ChatTemplateTest, NullMessageFieldsAreDropped) {
   EXPECT_EQ(tmpl.render(in), "False");
 }
 
+TEST(ChatTemplateTest, InvalidInputsAreRejected) {
+  ChatTemplate tmpl("{{ messages[0].content }}");
+  try {
+    tmpl.render({{"user", "bad \xff byte"}}, false, "", "");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "[chat_template] JSON string is not valid UTF-8");
+  }
+  ChatRenderInputs in;
+  in.messages = Json::object();
+  EXPECT_THROW(tmpl.render(in), Error);
+}
+
 TEST(ChatTemplateTest, ParseErrorsNameTheConstructAndPosition) {
   auto message = [](const std::string& src) {
     try {

@@ -62,6 +62,8 @@ TEST(JinjaLexer, WhitespaceControl) {
       {"{{ 'a' }}\n{% if 1 %}\nb\n{% endif %}\n", R"J({})J", "a\nb\n"},
       {"{# c #}\n{{ 1 }}\n{#- c -#}\n2", R"J({})J", "12"},
       {"x {# comment {{ not }} #} y", R"J({})J", "x  y"},
+      {"a {#-", R"J({})J", "a"},
+      {"a{#\n", R"J({})J", "a"},
       {"  {# c #}\nz", R"J({})J", "z"},
       {"{% raw %}{{ not rendered }}{% endraw %}", R"J({})J", "{{ not rendered }}"},
       {"a {%- raw %} {{ x }} {% endraw -%} b", R"J({})J", "a {{ x }} b"},
@@ -378,10 +380,13 @@ TEST(JinjaErrors, ParseErrorsHaveLineAndColumn) {
   EXPECT_EQ(error_of("{% break %}"), "[jinja] 1:4: 'break' outside of a loop");
   EXPECT_EQ(error_of("{{ 'abc }}"), "[jinja] 1:4: unterminated string literal");
   EXPECT_EQ(error_of("{# never closed"), "[jinja] 1:1: missing end of comment tag");
+  EXPECT_EQ(error_of("a{{"), "[jinja] 1:2: unexpected end of template, expected '}}'");
   EXPECT_EQ(error_of("{{ (1 + 2 }}"), "[jinja] 1:11: unexpected '}', expected ')'");
   EXPECT_EQ(error_of("{{ x }"), "[jinja] 1:6: unexpected '}'");
   EXPECT_EQ(error_of("{% set x %}"), "[jinja] 1:12: unexpected end of template, expected 'endset'");
   EXPECT_EQ(error_of("{{ a.b[1, 2] }}"), "[jinja] 1:7: tuple subscripts are not supported");
+  EXPECT_EQ(error_of("{{ '\\ud800' }}"), "[jinja] 1:4: surrogate escapes are not supported");
+  EXPECT_EQ(error_of("ok \xff"), "[jinja] template is not valid UTF-8");
 }
 
 TEST(JinjaErrors, RenderErrorsMatchJinja) {
@@ -482,6 +487,8 @@ TEST(JinjaApi, ContextShadowsGlobalsAndOptions) {
   ctx->set("name", Value("ferry"));
   EXPECT_EQ(t.render(Value::dict(ctx)), "HELLO, ferry!");
   EXPECT_THROW(t.render(Value("not a dict")), Error);
+  nlohmann::ordered_json bad = {{"greeting", std::string("\xc3")}};
+  EXPECT_THROW(from_json(bad), Error);
 }
 
 }  // namespace
