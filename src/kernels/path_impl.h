@@ -19,36 +19,63 @@ inline float dot(const float* a, const float* b, size_t n) {
 }
 
 // Row decoders: load16(row, k) returns elements [k, k+16) of a weight row
-// as float32, bit-identical to decode_row (same multiply, then add).
-struct DecF32 {
+// and block32(row, k, lo, hi) elements [k, k+32) (k a multiple of 32), as
+// float32, bit-identical to decode_row (same multiply, then add).
+template <class Self>
+struct By16 {
+  static void block32(const uint8_t* row, size_t k, Vec16& lo, Vec16& hi) {
+    lo = Self::load16(row, k);
+    hi = Self::load16(row, k + 16);
+  }
+};
+struct DecF32 : By16<DecF32> {
   static Vec16 load16(const uint8_t* row, size_t k) {
     return Vec16::load(reinterpret_cast<const float*>(row) + k);
   }
 };
-struct DecF16 {
+struct DecF16 : By16<DecF16> {
   static Vec16 load16(const uint8_t* row, size_t k) { return Vec16::from_f16(row + 2 * k); }
 };
-struct DecBF16 {
+struct DecBF16 : By16<DecBF16> {
   static Vec16 load16(const uint8_t* row, size_t k) { return Vec16::from_bf16(row + 2 * k); }
 };
 struct DecQ8_0 {
+  static void block32(const uint8_t* row, size_t k, Vec16& lo, Vec16& hi) {
+    const uint8_t* b = row + 34 * (k / 32);
+    const Vec16 d = Vec16::splat(Vec16::h2f(load_u16(b)));
+    lo = Vec16::from_i8(b + 2) * d;
+    hi = Vec16::from_i8(b + 18) * d;
+  }
   static Vec16 load16(const uint8_t* row, size_t k) {
     const uint8_t* b = row + 34 * (k / 32);
-    return Vec16::from_i8(b + 2 + (k % 32)) * Vec16::splat(f16_to_f32(load_u16(b)));
+    return Vec16::from_i8(b + 2 + (k % 32)) * Vec16::splat(Vec16::h2f(load_u16(b)));
   }
 };
 struct DecQ4_0 {
+  static void block32(const uint8_t* row, size_t k, Vec16& lo, Vec16& hi) {
+    const uint8_t* b = row + 18 * (k / 32);
+    const Vec16 d = Vec16::splat(Vec16::h2f(load_u16(b))), eight = Vec16::splat(8.0f);
+    lo = d * (Vec16::from_lo4(b + 2) - eight);
+    hi = d * (Vec16::from_hi4(b + 2) - eight);
+  }
   static Vec16 load16(const uint8_t* row, size_t k) {
     const uint8_t* b = row + 18 * (k / 32);
     Vec16 q = (k % 32) ? Vec16::from_hi4(b + 2) : Vec16::from_lo4(b + 2);
-    return Vec16::splat(f16_to_f32(load_u16(b))) * (q - Vec16::splat(8.0f));
+    return Vec16::splat(Vec16::h2f(load_u16(b))) * (q - Vec16::splat(8.0f));
   }
 };
 struct DecQ4_1 {
+  static void block32(const uint8_t* row, size_t k, Vec16& lo, Vec16& hi) {
+    const uint8_t* b = row + 20 * (k / 32);
+    const Vec16 d = Vec16::splat(Vec16::h2f(load_u16(b)));
+    const Vec16 m = Vec16::splat(Vec16::h2f(load_u16(b + 2)));
+    lo = d * Vec16::from_lo4(b + 4) + m;
+    hi = d * Vec16::from_hi4(b + 4) + m;
+  }
   static Vec16 load16(const uint8_t* row, size_t k) {
     const uint8_t* b = row + 20 * (k / 32);
     Vec16 q = (k % 32) ? Vec16::from_hi4(b + 4) : Vec16::from_lo4(b + 4);
-    return Vec16::splat(f16_to_f32(load_u16(b))) * q + Vec16::splat(f16_to_f32(load_u16(b + 2)));
+    return Vec16::splat(Vec16::h2f(load_u16(b))) * q + Vec16::splat(Vec16::h2f(load_u16(b + 2)));
   }
 };
 
@@ -63,14 +90,25 @@ void tile_fused(const uint8_t* const* wr, size_t nj, const float* x, size_t n_ro
                 float* y, size_t ldy) {
   for (size_t r = 0; r < n_rows; ++r) {
     const float* xr = x + r * K;
-    if (nj == kRowsPerTile) {
+    if (nj == kRowsPerTile && K % 32 == 0) {
+      // Per 32-element block: elements k..k+15 then k+16..k+31 into each
+      // accumulator, the canonical order.
       Vec16 a0 = Vec16::zero(), a1 = Vec16::zero(), a2 = Vec16::zero(), a3 = Vec16::zero();
-      for (size_t k = 0; k < K; k += 16) {
-        const Vec16 xv = Vec16::load(xr + k);
-        a0.fma(Dec::load16(wr[0], k), xv);
-        a1.fma(Dec::load16(wr[1], k), xv);
-        a2.fma(Dec::load16(wr[2], k), xv);
-        a3.fma(Dec::load16(wr[3], k), xv);
+      Vec16 lo, hi;
+      for (size_t k = 0; k < K; k += 32) {
+        const Vec16 x0 = Vec16::load(xr + k), x1 = Vec16::load(xr + k + 16);
+        Dec::block32(wr[0], k, lo, hi);
+        a0.fma(lo, x0);
+        a0.fma(hi, x1);
+        Dec::block32(wr[1], k, lo, hi);
+        a1.fma(lo, x0);
+        a1.fma(hi, x1);
+        Dec::block32(wr[2], k, lo, hi);
+        a2.fma(lo, x0);
+        a2.fma(hi, x1);
+        Dec::block32(wr[3], k, lo, hi);
+        a3.fma(lo, x0);
+        a3.fma(hi, x1);
       }
       y[r * ldy + 0] = a0.reduce();
       y[r * ldy + 1] = a1.reduce();

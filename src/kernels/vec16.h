@@ -51,6 +51,8 @@ struct Vec16 {
   static Vec16 from_f16(const uint8_t* p) {
     return {_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p))};
   }
+  // One f16 to float (exact; the same value f16_to_f32 gives).
+  static float h2f(uint16_t h) { return _cvtsh_ss(h); }
   static Vec16 from_bf16(const uint8_t* p) {
     __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
     return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
@@ -98,6 +100,7 @@ struct Vec16 {
             _mm256_cvtepi32_ps(_mm256_and_si256(hi8, m))};
   }
   static Vec16 from_lo4(const uint8_t* p) { return nib(p, 0); }
+  static float h2f(uint16_t h) { return _cvtsh_ss(h); }
   static Vec16 from_hi4(const uint8_t* p) { return nib(p, 4); }
   static Vec16 from_f16(const uint8_t* p) {
     return {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)),
@@ -156,6 +159,7 @@ struct Vec16 {
   static Vec16 from_i8(const uint8_t* p) {
     return make([&](int i) { return static_cast<float>(static_cast<int8_t>(p[i])); });
   }
+  static float h2f(uint16_t h) { return f16_to_f32(h); }
   static Vec16 from_lo4(const uint8_t* p) {
     return make([&](int i) { return static_cast<float>(p[i] & 0xf); });
   }
