@@ -4,7 +4,7 @@
 set -euo pipefail
 PKGS=(build-essential cmake g++ git python3 python3-pip unzip
       nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
-      clang libclang-rt-14-dev)
+      clang libclang-rt-14-dev libcpp-httplib-dev pkg-config)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -13,6 +13,9 @@ using Action = std::function<int()>;
 // `ferry run`: generate from one prompt (or a JSONL batch).
 Action add_run_command(CLI::App& app);
 
+// `ferry serve`: the OpenAI-compatible HTTP server.
+Action add_serve_command(CLI::App& app);
+
 // The default model: $FERRY_MODEL, else the file the README's set-up
 // fetches into ~/.cache/ferry/models/.
 std::string default_model_path();

@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "ferry 0.1.0");
   ferry::cli::Action run = ferry::cli::add_run_command(app);
+  ferry::cli::Action serve = ferry::cli::add_serve_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -17,6 +18,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (app.got_subcommand("run")) return run();
+    if (app.got_subcommand("serve")) return serve();
   } catch (const ferry::Error& e) {
     std::fprintf(stderr, "ferry: error: %s\n", e.what());
     return 1;

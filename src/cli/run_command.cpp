@@ -1,15 +1,14 @@
 // `ferry run -m MODEL "prompt"`: streams one generation to stdout.
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <optional>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli/commands.h"
+#include "cli/model_loading.h"
 #include "core/cpu.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -47,28 +46,10 @@ struct RunOptions {
   std::vector<std::string> stop;
 };
 
-struct Loaded {
-  std::unique_ptr<model::Model> model;
-  std::unique_ptr<text::Tokenizer> tok;
-  std::optional<text::ChatTemplate> chat;  // the model's template, if any
-};
+using Loaded = LoadedModel;
 
 Loaded load(const RunOptions& o) {
-  const bool tty = isatty(STDERR_FILENO);
-  if (!o.quiet) std::fprintf(stderr, "loading %s\n", o.model.c_str());
-  int last_pct = -1;
-  Loaded l;
-  l.model = model::load_model(o.model, [&](double frac) {
-    int pct = static_cast<int>(frac * 100);
-    if (o.quiet || !tty || pct == last_pct) return;
-    last_pct = pct;
-    std::fprintf(stderr, "\rloading: %3d%%", pct);
-  });
-  if (!o.quiet && tty) std::fprintf(stderr, "\r\033[K");
-  l.tok = text::Tokenizer::from_gguf(l.model->file());
-  const std::string tmpl = l.model->file().get_string("tokenizer.chat_template", std::string());
-  if (!tmpl.empty()) l.chat.emplace(tmpl);
-  return l;
+  return load_model_files(o.model, o.quiet);
 }
 
 // Token ids of a chat conversation (rendered with the model's template) or
@@ -202,8 +183,8 @@ engine::GenerationRequest parse_line(const RunOptions& o, const Loaded& l, const
 int run_batch(RunOptions& o, const Loaded& l, const kernels::Context& ctx) {
   std::ifstream in(o.prompts_file);
   if (!in) fail("run", "cannot open --prompts file '", o.prompts_file, "'");
-  engine::BatchEngine eng(*l.model, *l.tok, ctx, o.batch,
-                          base_request(o).kv_k, base_request(o).kv_v);
+  engine::BatchEngine eng(*l.model, *l.tok, ctx, o.batch, base_request(o).kv_k,
+                          base_request(o).kv_v);
   std::vector<engine::GenerationRequest> reqs;
   std::string line;
   for (size_t n = 0; std::getline(in, line); ++n) {
@@ -265,7 +246,8 @@ Action add_run_command(CLI::App& app) {
   auto o = std::make_shared<RunOptions>();
   auto& s = o->sampling;
   s.temperature = 0.7f;
-  cmd->add_option("-m,--model", o->model, "GGUF model file (default: $FERRY_MODEL or the cached SmolLM2)");
+  cmd->add_option("-m,--model", o->model,
+                  "GGUF model file (default: $FERRY_MODEL or the cached SmolLM2)");
   cmd->add_option("prompt", o->prompt, "The prompt (or use --prompts)");
   cmd->add_option("--prompts", o->prompts_file,
                   "JSONL file of requests ({\"prompt\" or \"messages\", \"max_tokens\", sampling "
@@ -285,20 +267,30 @@ Action add_run_command(CLI::App& app) {
   cmd->add_flag("--chat", o->chat, "Apply the model's chat template (default when it has one)");
   cmd->add_flag("--raw", o->raw, "Use the prompt as is, without the chat template");
   cmd->add_option("--system", o->system, "System message in chat mode");
-  cmd->add_option("--max-tokens", o->max_tokens, "Maximum tokens to generate")->capture_default_str();
-  cmd->add_option("--temperature", s.temperature, "Sampling temperature; 0 is greedy")->capture_default_str();
+  cmd->add_option("--max-tokens", o->max_tokens, "Maximum tokens to generate")
+      ->capture_default_str();
+  cmd->add_option("--temperature", s.temperature, "Sampling temperature; 0 is greedy")
+      ->capture_default_str();
   cmd->add_option("--top-p", s.top_p, "Nucleus sampling mass")->capture_default_str();
-  cmd->add_option("--top-k", s.top_k, "Keep the k most likely tokens (0: off)")->capture_default_str();
+  cmd->add_option("--top-k", s.top_k, "Keep the k most likely tokens (0: off)")
+      ->capture_default_str();
   cmd->add_option("--min-p", s.min_p, "Drop tokens below min_p * p(top)")->capture_default_str();
-  cmd->add_option("--presence-penalty", s.presence_penalty, "OpenAI presence penalty")->capture_default_str();
-  cmd->add_option("--frequency-penalty", s.frequency_penalty, "OpenAI frequency penalty")->capture_default_str();
-  cmd->add_option("--repetition-penalty", s.repetition_penalty, "HF-style repetition penalty")->capture_default_str();
-  auto* seed = cmd->add_option("--seed", o->seed, "Sampling seed (same seed and prompt: same text)");
+  cmd->add_option("--presence-penalty", s.presence_penalty, "OpenAI presence penalty")
+      ->capture_default_str();
+  cmd->add_option("--frequency-penalty", s.frequency_penalty, "OpenAI frequency penalty")
+      ->capture_default_str();
+  cmd->add_option("--repetition-penalty", s.repetition_penalty, "HF-style repetition penalty")
+      ->capture_default_str();
+  auto* seed =
+      cmd->add_option("--seed", o->seed, "Sampling seed (same seed and prompt: same text)");
   cmd->add_option("--stop", o->stop, "Stop string (repeatable); not included in the output");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-sequence tokens");
-  cmd->add_flag("--json", o->json, "Print a JSON object with prompt/generated token ids and logprobs");
+  cmd->add_flag("--json", o->json,
+                "Print a JSON object with prompt/generated token ids and logprobs");
   cmd->add_option("-t,--threads", o->threads, "Threads (default: all cores)");
-  cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt tokens per forward step")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt tokens per forward step")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("-q,--quiet", o->quiet, "No progress or speed report on stderr");
   return [o, seed] { return run(*o, seed->count() > 0); };
 }

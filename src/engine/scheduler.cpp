@@ -164,10 +164,14 @@ void Scheduler::loop() {
 }
 
 void Scheduler::finish(Request& r, const StreamEvent& ev) {
+  {
+    // Release the reservation first: a client that has its answer must
+    // see it gone from the metrics.
+    std::lock_guard<std::mutex> lock(mu_);
+    kv_in_use_ -= r.projected;
+    ++m_.requests_finished;
+  }
   r.sink(ev);
-  std::lock_guard<std::mutex> lock(mu_);
-  kv_in_use_ -= r.projected;
-  ++m_.requests_finished;
 }
 
 // Top-k log-softmax of raw logits, most likely first (ties: lower id).

@@ -1,0 +1,25 @@
+// Loading a model for a subcommand: the weights (with a progress line on a
+// terminal), its tokenizer and its chat template. Shared by `ferry run` and
+// `ferry serve`.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "model/model.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+namespace ferry::cli {
+
+struct LoadedModel {
+  std::unique_ptr<model::Model> model;
+  std::unique_ptr<text::Tokenizer> tok;
+  std::optional<text::ChatTemplate> chat;  // the model's template, if any
+};
+
+// Throws ferry::Error. Unless quiet, says what it loads on stderr.
+LoadedModel load_model_files(const std::string& path, bool quiet);
+
+}  // namespace ferry::cli
