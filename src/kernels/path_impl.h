@@ -256,22 +256,26 @@ inline void attention_head(const AttentionShape& s, const AttentionTask& t, size
   }
   float* out = t.out + h * D;
   const float inv = 1.0f / sum;
-  // Accumulators for all of head_dim live in `acc` (D <= 256 floats on the
-  // stack would also do; scratch keeps it heap-sized).
-  float* acc = tmp + D;
-  for (size_t d = 0; d < D; ++d) acc[d] = 0.0f;
-  n = 0;
-  for (const KeySegment& sg : t.seg)
-    for (size_t j = sg.begin; j < sg.end; ++j, ++n) {
-      const float* vr = kv_row(*t.v, D, kvh, j, tmp);
-      const Vec16 p = Vec16::splat(scores[n]);
-      for (size_t d = 0; d < D; d += 16) {
-        Vec16 a = Vec16::load(acc + d);
-        a.fma(p, Vec16::load(vr + d));
-        a.store(acc + d);
+  // Each output lane accumulates p_j * v_j[d] over keys in position order
+  // (the same per-lane arithmetic whatever the chunking below).
+  constexpr size_t kChunk = 8;  // 8 Vec16 = 128 lanes kept in registers
+  for (size_t d0 = 0; d0 < D; d0 += kChunk * 16) {
+    const size_t nv = std::min(kChunk, (D - d0) / 16);
+    Vec16 acc[kChunk];
+    for (size_t c = 0; c < nv; ++c) acc[c] = Vec16::zero();
+    n = 0;
+    for (const KeySegment& sg : t.seg)
+      for (size_t j = sg.begin; j < sg.end; ++j, ++n) {
+        const float* vr = kv_row(*t.v, D, kvh, j, tmp);
+        const Vec16 p = Vec16::splat(scores[n]);
+        for (size_t c = 0; c < nv; ++c) acc[c].fma(p, Vec16::load(vr + d0 + 16 * c));
       }
+    for (size_t c = 0; c < nv; ++c) {
+      float lanes[16];
+      acc[c].store(lanes);
+      for (int l = 0; l < 16; ++l) out[d0 + 16 * c + l] = lanes[l] * inv;
     }
-  for (size_t d = 0; d < D; ++d) out[d] = acc[d] * inv;
+  }
 }
 
 inline const PathKernels& table() {

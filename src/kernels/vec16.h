@@ -53,6 +53,16 @@ struct Vec16 {
   }
   // One f16 to float (exact; the same value f16_to_f32 gives).
   static float h2f(uint16_t h) { return _cvtsh_ss(h); }
+  // 16 unsigned bytes; 16 packed 4-bit codes in 8 bytes, low nibble first.
+  static Vec16 from_u8(const uint8_t* p) {
+    return {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)))};
+  }
+  static Vec16 from_u4i(const uint8_t* p) {
+    const __m128i b = _mm_loadl_epi64((const __m128i*)p), m = _mm_set1_epi8(0xf);
+    const __m128i q =
+        _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+    return {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q))};
+  }
   static Vec16 from_bf16(const uint8_t* p) {
     __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
     return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
@@ -101,6 +111,15 @@ struct Vec16 {
   }
   static Vec16 from_lo4(const uint8_t* p) { return nib(p, 0); }
   static float h2f(uint16_t h) { return _cvtsh_ss(h); }
+  static Vec16 u8x16(__m128i q) {
+    return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)),
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8)))};
+  }
+  static Vec16 from_u8(const uint8_t* p) { return u8x16(_mm_loadu_si128((const __m128i*)p)); }
+  static Vec16 from_u4i(const uint8_t* p) {
+    const __m128i b = _mm_loadl_epi64((const __m128i*)p), m = _mm_set1_epi8(0xf);
+    return u8x16(_mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m)));
+  }
   static Vec16 from_hi4(const uint8_t* p) { return nib(p, 4); }
   static Vec16 from_f16(const uint8_t* p) {
     return {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)),
@@ -160,6 +179,12 @@ struct Vec16 {
     return make([&](int i) { return static_cast<float>(static_cast<int8_t>(p[i])); });
   }
   static float h2f(uint16_t h) { return f16_to_f32(h); }
+  static Vec16 from_u8(const uint8_t* p) {
+    return make([&](int i) { return static_cast<float>(p[i]); });
+  }
+  static Vec16 from_u4i(const uint8_t* p) {
+    return make([&](int i) { return static_cast<float>((p[i / 2] >> (4 * (i % 2))) & 0xf); });
+  }
   static Vec16 from_lo4(const uint8_t* p) {
     return make([&](int i) { return static_cast<float>(p[i] & 0xf); });
   }

@@ -10,6 +10,7 @@
 
 #include "core/cpu.h"
 #include "core/error.h"
+#include "core/half.h"
 #include "kernels/kernel_test_util.h"
 #include "kernels/ops.h"
 #include "kernels/quant_blocks.h"
@@ -199,6 +200,75 @@ TEST(Kernels, EmbedRejectsOutOfRangeToken) {
   std::vector<float> out(16);
   int32_t bad = 4;
   EXPECT_THROW(embed(w, std::span<const int32_t>(&bad, 1), out.data()), Error);
+}
+
+}  // namespace
+}  // namespace ferry::kernels
+
+namespace ferry::kernels {
+namespace {
+
+// Attention over encoded KV (f16, bf16, affine 8/4-bit) equals attention
+// over the same keys decoded to f32, bit for bit, on every path: decoding is
+// exact and the reduction order does not depend on the storage.
+TEST(Kernels, AttentionOverEncodedKvEqualsDecodedF32) {
+  const AttentionShape s{4, 2, 64, 0.125f};
+  const size_t n_keys = 21;
+  auto q = test::random_floats(s.n_heads * s.head_dim, 31);
+  std::vector<CpuPath> paths{CpuPath::Reference};
+  if (best_cpu_path() >= CpuPath::Avx2) paths.push_back(CpuPath::Avx2);
+  if (best_cpu_path() >= CpuPath::Avx512) paths.push_back(CpuPath::Avx512);
+  for (KvFormat f : {KvFormat::f16(), KvFormat::bf16(), KvFormat::affine(8, 32),
+                     KvFormat::affine(4, 64), KvFormat::affine(4, 32)}) {
+    // Random plane bytes; f16 scale/bias fields kept finite and moderate.
+    const auto units = f.plane_units(s.head_dim);
+    std::vector<std::vector<uint8_t>> planes;
+    std::mt19937 rng(7);
+    for (size_t p = 0; p < units.size(); ++p) {
+      std::vector<uint8_t> bytes(s.n_kv_heads * n_keys * units[p]);
+      for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+      if (f.kind != KvFormat::Kind::Affine || p > 0)
+        for (size_t i = 0; i + 1 < bytes.size(); i += 2) {
+          float v = std::uniform_real_distribution<float>(-1, 1)(rng) * (p == 1 ? 0.05f : 1.0f);
+          uint16_t h = f.kind == KvFormat::Kind::BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+          std::memcpy(&bytes[i], &h, 2);
+        }
+      planes.push_back(std::move(bytes));
+    }
+    KvSide enc;
+    enc.format = f;
+    for (size_t p = 0; p < units.size(); ++p) {
+      enc.plane[p] = planes[p].data();
+      enc.head_stride[p] = n_keys * units[p];
+      enc.unit[p] = units[p];
+    }
+    std::vector<float> dec(s.n_kv_heads * n_keys * s.head_dim);
+    for (size_t h = 0; h < s.n_kv_heads; ++h)
+      for (size_t j = 0; j < n_keys; ++j)
+        decode_kv(enc, s.head_dim, h, j, &dec[(h * n_keys + j) * s.head_dim]);
+    KvSide plain;
+    plain.format = KvFormat::f32();
+    plain.plane[0] = reinterpret_cast<const uint8_t*>(dec.data());
+    plain.head_stride[0] = n_keys * s.head_dim * 4;
+    plain.unit[0] = s.head_dim * 4;
+    auto run = [&](const KvSide& side, CpuPath p) {
+      std::vector<float> out(s.n_heads * s.head_dim);
+      AttentionTask t;
+      t.q = q.data();
+      t.out = out.data();
+      t.k = &side;
+      t.v = &side;
+      t.seg[0] = {3, 12};  // a ring-like split: slots 3..11 then 0..2
+      t.seg[1] = {0, 3};
+      attention(Context{nullptr, p}, s, std::span<const AttentionTask>(&t, 1));
+      return out;
+    };
+    const auto want = run(plain, CpuPath::Reference);
+    for (CpuPath p : paths) {
+      EXPECT_TRUE(same_bits(run(enc, p), want)) << f.name() << " " << cpu_path_name(p);
+      EXPECT_TRUE(same_bits(run(plain, p), want)) << f.name() << " " << cpu_path_name(p);
+    }
+  }
 }
 
 }  // namespace
