@@ -21,7 +21,8 @@ CACHE="${FERRY_CACHE:-$HOME/.cache/ferry}"
 BUILD="${FERRY_BUILD:-build}"
 OUT="$CACHE/bench/$(date -u +%Y%m%d-%H%M%S)"
 
-# 1. Peers and models.
+# 1. ferry's build dependencies (Google Benchmark for bench/), peers, models.
+bash tools/install-deps.sh
 LBIN="$(bash tools/peers/install-llama-cpp.sh)"
 MLX_ARGS=()
 if [[ "${FERRY_SKIP_MLX:-0}" != 1 ]]; then

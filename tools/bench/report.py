@@ -63,8 +63,15 @@ def render(by) -> str:
     end_load = by["end"][0]["info"]["loadavg"] if by["end"] else None
     sizes = by["models"][0]["sizes"] if by["models"] else {}
     argv = by["machine"][0].get("argv", []) if by["machine"] else []
+    argv = [a.replace(str(Path.home()), "~") for a in argv]
 
     w(f"Measured {when} by `bash tools/bench/compare.sh`.\n")
+    busy_all = [r["busy_before"] for r in by["single"] + by["serve"] if r.get("busy_before") is not None]
+    if busy_all and statistics.median(busy_all) > 0.15:
+        w(f"**Not a fair comparison:** other processes kept the CPUs "
+          f"{100 * statistics.median(busy_all):.0f}% busy (median of the samples taken before "
+          "each measurement), and llama.cpp's spinning threads lose far more to that than "
+          "ferry's do. Rerun on a quiet machine.\n")
     w("### Machine and versions\n")
     w("| | |\n| --- | --- |")
     w(f"| CPU | {machine.get('Model name', '?')}, {machine.get('CPU(s)', '?')} CPUs "
@@ -86,7 +93,8 @@ def render(by) -> str:
     builds = {r.get("build") for r in by["single"] if r["engine"] == "llama.cpp" and r.get("build")}
     w(f"| llama.cpp | from the `llama-cpp-python==0.3.36` sdist (vendor/llama.cpp, build "
       f"{', '.join(sorted(builds)) or '?'}), CPU backend, Release, GGML_NATIVE=ON |")
-    w("| mlx-lm | `mlx[cpu]==0.32.4`, `mlx-lm==0.32.2` (Linux CPU backend) |")
+    if any(r["engine"] == "mlx-lm" for r in by["single"] + by["serve"]):
+        w("| mlx-lm | `mlx[cpu]==0.32.4`, `mlx-lm==0.32.2` (Linux CPU backend) |")
     w(f"| driver arguments | `{' '.join(argv)}` |" if argv else "| driver arguments | — |")
     w("")
 
@@ -104,6 +112,8 @@ def render(by) -> str:
                 bw = max(bw or 0.0, r["value"])
         w("")
 
+    summary = {}  # (metric, model) -> {"ll": ratio, "mlx": ratio, "roof": fraction}
+
     # ------------------------------------------------------------ single stream
     single = defaultdict(lambda: defaultdict(dict))  # (model, metric) -> engine -> rep -> tps
     for r in by["single"]:
@@ -115,7 +125,9 @@ def render(by) -> str:
             w(f"### {title}\n")
             w("Medians over repetitions; ratios are the median of per-repetition "
               "ferry/peer ratios (each pair measured back to back).\n")
-            head = "| model | ferry | llama.cpp | mlx-lm | ferry / llama.cpp | ferry / mlx-lm |"
+            has_mlx = any(r["engine"] == "mlx-lm" for r in by["single"])
+            head = ("| model | ferry | llama.cpp | mlx-lm | ferry / llama.cpp | ferry / mlx-lm |"
+                    if has_mlx else "| model | ferry | llama.cpp | ferry / llama.cpp |")
             if metric == "decode":
                 head += " roofline | ferry % of roofline | llama.cpp % of roofline |"
             w(head)
@@ -128,11 +140,14 @@ def render(by) -> str:
                 rl, nl = paired_ratio(e.get("ferry", {}), e.get("llama.cpp", {}))
                 rm, nm = paired_ratio(e.get("ferry", {}), e.get("mlx-lm", {}))
                 n = len(e.get("ferry", {}))
+                summary[(metric, m)] = {"ll": rl, "mlx": rm}
                 row = (f"| {NAMES[m]} | {f(fe)} (n={n}) | {f(ll)} | {f(ml, 2)} | "
-                       f"{f(rl, 2)}× | {f(rm, 1)}× |")
+                       f"{f(rl, 2)}× | {f(rm, 1)}× |" if has_mlx else
+                       f"| {NAMES[m]} | {f(fe)} (n={n}) | {f(ll)} | {f(rl, 2)}× |")
                 if metric == "decode":
                     bpt = sizes.get(m, {}).get("bytes_per_token")
                     roof = bw * 1e9 / bpt if bw and bpt else None
+                    summary[(metric, m)]["roof"] = ratio(fe, roof)
                     row += (f" {f(roof)} | {f(ratio(fe, roof) and 100 * ratio(fe, roof), 0)}% | "
                             f"{f(ratio(ll, roof) and 100 * ratio(ll, roof), 0)}% |")
                 w(row)
@@ -148,7 +163,7 @@ def render(by) -> str:
               f"its decode {gt} generated tokens (fewer than the others: it runs at a few "
               "tokens/s); rates in tokens/s are comparable, lengths are not identical.\n")
         if sizes and bw:
-            w(f"Roofline = measured all-core read bandwidth ({bw:.1f} GB/s) ÷ weight bytes read "
+            w(f"Roofline = best measured read bandwidth ({bw:.1f} GB/s) ÷ weight bytes read "
               "per token (every tensor in the GGUF; the tied embedding is read whole by the output "
               "head). KV-cache reads are not counted (small at these lengths).\n")
             w("| model | tensor types | parameters | bytes per token |\n| --- | --- | ---: | ---: |")
@@ -196,11 +211,48 @@ def render(by) -> str:
                 if peer in agg:
                     rr, n = paired_ratio({k: v["output_tokens_per_s"] for k, v in serve["ferry"].items()},
                                          {k: v["output_tokens_per_s"] for k, v in serve[peer].items()})
+                    summary[("serve", peer)] = {"tps": rr, "itl": ratio(agg["ferry"]["itl99"], agg[peer]["itl99"])}
                     w(f"- ferry / {peer} output tokens/s: {f(rr, 2)}× (paired over {n} repetitions); "
                       f"p99 ITL {f(agg['ferry']['itl99'], 1)} vs {f(agg[peer]['itl99'], 1)} ms.")
             w("")
         else:
             w("ferry had no `serve` subcommand in this build; only the peers were measured.\n")
+
+    # ----------------------------------------------------------------- targets
+    rows = []
+
+    def check(target, value, ok, shown):
+        rows.append(f"| {target} | {shown} | {'—' if value is None else ('yes' if ok else '**no**')} |")
+
+    for m in ("smol-q4_1", "smol-q8_0", "smol-f16"):
+        v = summary.get(("decode", m), {}).get("ll")
+        check(f"{NAMES[m]} decode ≥ 1.3× llama.cpp", v, v is not None and v >= 1.3, f"{f(v, 2)}×")
+    for m in ("1b-q4_k_m", "1b-q8_0"):
+        d = summary.get(("decode", m), {})
+        v = d.get("roof")
+        check(f"{NAMES[m]} decode ≥ 85% of roofline", v, v is not None and v >= 0.85,
+              f"{f(v and 100 * v, 0)}%")
+        v = d.get("ll")
+        check(f"{NAMES[m]} decode ≥ 1.0× llama.cpp", v, v is not None and v >= 1.0, f"{f(v, 2)}×")
+    for m in NAMES:
+        v = summary.get(("prefill", m), {}).get("ll")
+        if v is not None:
+            check(f"{NAMES[m]} prefill ≥ 1.0× llama.cpp", v, v >= 1.0, f"{f(v, 2)}×")
+    sv = summary.get(("serve", "llama.cpp"))
+    if sv:
+        check("serving output tok/s ≥ 1.5× llama-server", sv["tps"], sv["tps"] is not None and sv["tps"] >= 1.5,
+              f"{f(sv['tps'], 2)}×")
+        check("serving p99 ITL no worse than llama-server", sv["itl"],
+              sv["itl"] is not None and sv["itl"] <= 1.0, f"{f(sv['itl'], 2)}× llama-server's")
+    mlx = [v["mlx"] for v in summary.values() if v.get("mlx") is not None]
+    if mlx:
+        check("≥ 10× mlx-lm (every single-stream figure)", min(mlx), min(mlx) >= 10,
+              f"lowest {f(min(mlx), 1)}×")
+    if rows:
+        w("### Issue 5's targets in this run\n")
+        w("| target | measured | met |\n| --- | ---: | :---: |")
+        out.extend(rows)
+        w("")
 
     errs = by["error"] + by["note"]
     if errs:
