@@ -24,4 +24,20 @@ LoadedModel load_model_files(const std::string& path, bool quiet) {
   return l;
 }
 
+void KvOptions::add_to(CLI::App* cmd) {
+  cmd->add_option("--kv-bits", bits, "Quantize the KV cache to 4 or 8 bits (0: --kv-dtype)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({0, 4, 8}));
+  cmd->add_option("--kv-group", group, "Values per scale/bias along head_dim")
+      ->capture_default_str()
+      ->check(CLI::IsMember({32, 64, 128}));
+  cmd->add_option("--kv-dtype", dtype, "Dense KV storage when --kv-bits is 0")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+}
+
+kernels::KvFormat KvOptions::format() const {
+  return bits ? kernels::KvFormat::affine(bits, group) : kernels::parse_kv_format(dtype);
+}
+
 }  // namespace ferry::cli

@@ -3,6 +3,7 @@
 // `ferry serve`.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,5 +22,16 @@ struct LoadedModel {
 
 // Throws ferry::Error. Unless quiet, says what it loads on stderr.
 LoadedModel load_model_files(const std::string& path, bool quiet);
+
+// The KV storage flags shared by `run` and `serve`: --kv-bits, --kv-group,
+// --kv-dtype.
+struct KvOptions {
+  int bits = 0;  // 0: dense, stored as `dtype`
+  int group = 64;
+  std::string dtype;
+  explicit KvOptions(std::string default_dtype) : dtype(std::move(default_dtype)) {}
+  void add_to(CLI::App* cmd);
+  kernels::KvFormat format() const;
+};
 
 }  // namespace ferry::cli

@@ -38,9 +38,7 @@ struct RunOptions {
   size_t prefill_chunk = 256;
   std::string prompts_file;  // JSONL batch mode
   size_t batch = 8;
-  int kv_bits = 0;  // 0: dense
-  int kv_group = 64;
-  std::string kv_dtype = "f32";
+  KvOptions kv{"f32"};
   engine::SamplingParams sampling;
   uint64_t seed = 0;
   std::vector<std::string> stop;
@@ -75,11 +73,7 @@ engine::GenerationRequest base_request(const RunOptions& o) {
   req.stop = o.stop;
   req.ignore_eos = o.ignore_eos;
   req.prefill_chunk = o.prefill_chunk;
-  if (o.kv_bits) {
-    req.kv_k = req.kv_v = kernels::KvFormat::affine(o.kv_bits, o.kv_group);
-  } else {
-    req.kv_k = req.kv_v = kernels::parse_kv_format(o.kv_dtype);
-  }
+  req.kv_k = req.kv_v = o.kv.format();
   return req;
 }
 
@@ -183,8 +177,7 @@ engine::GenerationRequest parse_line(const RunOptions& o, const Loaded& l, const
 int run_batch(RunOptions& o, const Loaded& l, const kernels::Context& ctx) {
   std::ifstream in(o.prompts_file);
   if (!in) fail("run", "cannot open --prompts file '", o.prompts_file, "'");
-  engine::BatchEngine eng(*l.model, *l.tok, ctx, o.batch, base_request(o).kv_k,
-                          base_request(o).kv_v);
+  engine::BatchEngine eng(*l.model, *l.tok, ctx, o.batch, o.kv.format(), o.kv.format());
   std::vector<engine::GenerationRequest> reqs;
   std::string line;
   for (size_t n = 0; std::getline(in, line); ++n) {
@@ -221,7 +214,7 @@ int run_batch(RunOptions& o, const Loaded& l, const kernels::Context& ctx) {
                  "[%zu requests, %zu prompt tokens, %zu generated in %.2f s: %.1f tok/s | "
                  "batch %zu (peak %zu), KV %s, peak KV %.1f MiB]\n",
                  reqs.size(), prompt_tokens, generated, secs, secs > 0 ? generated / secs : 0.0,
-                 o.batch, eng.peak_batch(), base_request(o).kv_k.name().c_str(),
+                 o.batch, eng.peak_batch(), o.kv.format().name().c_str(),
                  eng.peak_kv_bytes() / 1048576.0);
   return 0;
 }
@@ -255,15 +248,7 @@ Action add_run_command(CLI::App& app) {
   cmd->add_option("--batch", o->batch, "Rows decoded together in --prompts mode")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--kv-bits", o->kv_bits, "Quantize the KV cache to 4 or 8 bits (0: dense)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({0, 4, 8}));
-  cmd->add_option("--kv-group", o->kv_group, "Values per scale/bias along head_dim")
-      ->capture_default_str()
-      ->check(CLI::IsMember({32, 64, 128}));
-  cmd->add_option("--kv-dtype", o->kv_dtype, "Dense KV storage when --kv-bits is 0")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  o->kv.add_to(cmd);
   cmd->add_flag("--chat", o->chat, "Apply the model's chat template (default when it has one)");
   cmd->add_flag("--raw", o->raw, "Use the prompt as is, without the chat template");
   cmd->add_option("--system", o->system, "System message in chat mode");

@@ -30,9 +30,7 @@ struct ServeOptions {
   size_t max_body_kb = 1024;
   size_t max_batch = 256;
   size_t kv_budget_mb = 0;  // 0: a third of physical memory
-  int kv_bits = 0;          // 0: dense (kv_dtype)
-  int kv_group = 64;
-  std::string kv_dtype = "f16";
+  KvOptions kv{"f16"};
   size_t prefill_chunk = 256;
   size_t step_tokens = 512;
   size_t default_max_tokens = 0;  // 0: the rest of the context
@@ -80,8 +78,7 @@ int serve(ServeOptions& o) {
   so.prefill_chunk = o.prefill_chunk;
   so.step_token_budget = o.step_tokens;
   so.kv_budget_bytes = o.kv_budget_mb << 20;
-  so.kv_k = so.kv_v = o.kv_bits ? kernels::KvFormat::affine(o.kv_bits, o.kv_group)
-                                : kernels::parse_kv_format(o.kv_dtype);
+  so.kv_k = so.kv_v = o.kv.format();
   so.kv_k.validate(l.model->config().head_dim);
   so.threads = o.threads;
   engine::Scheduler scheduler(*l.model, *l.tok, so);
@@ -152,15 +149,7 @@ Action add_serve_command(CLI::App& app) {
   cmd->add_option("--kv-budget-mb", o->kv_budget_mb,
                   "KV cache budget for admission (0: a third of RAM)")
       ->capture_default_str();
-  cmd->add_option("--kv-bits", o->kv_bits, "Quantize the KV cache to 4 or 8 bits (0: --kv-dtype)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({0, 4, 8}));
-  cmd->add_option("--kv-group", o->kv_group, "Values per scale/bias along head_dim")
-      ->capture_default_str()
-      ->check(CLI::IsMember({32, 64, 128}));
-  cmd->add_option("--kv-dtype", o->kv_dtype, "Dense KV storage when --kv-bits is 0")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  o->kv.add_to(cmd);
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt tokens per request per step")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

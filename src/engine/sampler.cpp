@@ -98,20 +98,40 @@ void Sampler::apply_penalties(std::span<float> logits) const {
   }
 }
 
+namespace {
+struct LogSumExp {
+  float max;
+  double sum;  // sum of exp(l - max), in double
+  float logprob(float l) const {
+    return static_cast<float>(static_cast<double>(l) - max - std::log(sum));
+  }
+};
+LogSumExp log_sum_exp(std::span<const float> logits) {
+  LogSumExp r{-INFINITY, 0.0};
+  for (float l : logits) r.max = std::max(r.max, l);
+  for (float l : logits) r.sum += std::exp(static_cast<double>(l) - r.max);
+  return r;
+}
+}  // namespace
+
 float log_softmax_at(std::span<const float> logits, int32_t token) {
-  float mx = -INFINITY;
-  for (float l : logits) mx = std::max(mx, l);
-  double sum = 0.0;
-  for (float l : logits) sum += std::exp(static_cast<double>(l) - mx);
-  return static_cast<float>(static_cast<double>(logits[token]) - mx - std::log(sum));
+  return log_sum_exp(logits).logprob(logits[token]);
 }
 
 Sampled Sampler::sample(std::span<float> logits) {
   const size_t V = logits.size();
   FERRY_CHECK(V > 0, "sampling", "empty logits");
   // The reported logprob is of the raw model distribution (before
-  // penalties and temperature), as OpenAI-compatible servers report it.
-  std::vector<float> raw(logits.begin(), logits.end());
+  // penalties and temperature), as OpenAI-compatible servers report it:
+  // take its normaliser now and keep the raw values penalties overwrite
+  // (only seen tokens), instead of copying the whole vocabulary.
+  const LogSumExp raw = log_sum_exp(logits);
+  saved_.clear();
+  const bool penalized = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
+                         params_.frequency_penalty != 0.0f;
+  if (penalized)
+    for (int32_t t : seen_)  // generated tokens are in seen_ too
+      if (static_cast<size_t>(t) < V) saved_.emplace_back(t, logits[t]);
   apply_penalties(logits);
 
   int32_t chosen;
@@ -138,7 +158,8 @@ Sampled Sampler::sample(std::span<float> logits) {
     }
     // Softmax over the survivors (double, in sorted order).
     const double mx = cand_[0].first;
-    std::vector<double> p(cand_.size());
+    std::vector<double>& p = probs_;
+    p.resize(cand_.size());
     double sum = 0.0;
     for (size_t i = 0; i < cand_.size(); ++i) sum += p[i] = std::exp(cand_[i].first - mx);
     for (double& x : p) x /= sum;
@@ -171,7 +192,10 @@ Sampled Sampler::sample(std::span<float> logits) {
       }
     }
   }
-  return Sampled{chosen, log_softmax_at(raw, chosen)};
+  float raw_chosen = logits[chosen];
+  for (const auto& [t, l] : saved_)
+    if (t == chosen) raw_chosen = l;
+  return Sampled{chosen, raw.logprob(raw_chosen)};
 }
 
 }  // namespace ferry::engine

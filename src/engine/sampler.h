@@ -56,7 +56,9 @@ class Sampler {
   std::unordered_map<int32_t, int32_t> generated_counts_;
   std::vector<int32_t> seen_;  // prompt ∪ generated, for repetition_penalty
   std::vector<uint8_t> seen_mask_;
-  std::vector<std::pair<float, int32_t>> cand_;
+  std::vector<std::pair<float, int32_t>> cand_;  // reused across tokens
+  std::vector<double> probs_;
+  std::vector<std::pair<int32_t, float>> saved_;  // raw logits penalties change
 };
 
 // log-softmax of raw logits at `token`, computed in double.

@@ -124,31 +124,6 @@ void tile_fused(const uint8_t* const* wr, size_t nj, const float* x, size_t n_ro
   }
 }
 
-// Many activation rows (prefill): decode the tile once into scratch, then
-// run the same canonical dots against every row.
-inline void tile_scratch(const float* const* wf, size_t nj, const float* x, size_t n_rows, size_t K,
-                         float* y, size_t ldy) {
-  for (size_t r = 0; r < n_rows; ++r) {
-    const float* xr = x + r * K;
-    if (nj == kRowsPerTile) {
-      Vec16 a0 = Vec16::zero(), a1 = Vec16::zero(), a2 = Vec16::zero(), a3 = Vec16::zero();
-      for (size_t k = 0; k < K; k += 16) {
-        const Vec16 xv = Vec16::load(xr + k);
-        a0.fma(Vec16::load(wf[0] + k), xv);
-        a1.fma(Vec16::load(wf[1] + k), xv);
-        a2.fma(Vec16::load(wf[2] + k), xv);
-        a3.fma(Vec16::load(wf[3] + k), xv);
-      }
-      y[r * ldy + 0] = a0.reduce();
-      y[r * ldy + 1] = a1.reduce();
-      y[r * ldy + 2] = a2.reduce();
-      y[r * ldy + 3] = a3.reduce();
-    } else {
-      for (size_t u = 0; u < nj; ++u) y[r * ldy + u] = dot16(wf[u], xr, K);
-    }
-  }
-}
-
 template <class Dec>
 void decode_with(const uint8_t* row, size_t K, float* out) {
   for (size_t k = 0; k < K; k += 16) Dec::load16(row, k).store(out + k);
@@ -192,7 +167,9 @@ inline void matmul_cols(const WeightView& w, const float* x, size_t n_rows, floa
       }
       continue;
     }
-    const float* wf[kRowsPerTile];
+    // Many activation rows (prefill): decode the tile once into scratch,
+    // then run the same canonical dots (as plain f32 rows) against each row.
+    const uint8_t* wf[kRowsPerTile];
     for (size_t u = 0; u < nj; ++u) {
       float* dst = scratch.data() + u * K;
       switch (w.type) {
@@ -217,9 +194,9 @@ inline void matmul_cols(const WeightView& w, const float* x, size_t n_rows, floa
           decode_row(w.type, wr[u], dst, K);
           break;
       }
-      wf[u] = w.type == DType::F32 ? reinterpret_cast<const float*>(wr[u]) : dst;
+      wf[u] = w.type == DType::F32 ? wr[u] : reinterpret_cast<const uint8_t*>(dst);
     }
-    tile_scratch(wf, nj, x, n_rows, K, yt, N);
+    tile_fused<DecF32>(wf, nj, x, n_rows, K, yt, N);
   }
 }
 
