@@ -17,7 +17,7 @@ BatchEngine::BatchEngine(const model::Model& model, const text::Tokenizer& tok,
       ctx_(ctx),
       max_batch_(std::max<size_t>(1, max_batch)),
       spec_(model.config().kv_spec(k, v)),
-      batch_(spec_) {}
+      batch_(spec_, model_.kv_allocator()) {}
 
 size_t BatchEngine::submit(const GenerationRequest& req, Sequence::OnText on_text) {
   auto seq =
@@ -29,7 +29,7 @@ size_t BatchEngine::submit(const GenerationRequest& req, Sequence::OnText on_tex
 kv::BatchKv BatchEngine::prefill(Item& item) {
   const auto t0 = Clock::now();
   const std::vector<int32_t>& prompt = item.seq->request().prompt;
-  kv::BatchKv solo(spec_);
+  kv::BatchKv solo(spec_, model_.kv_allocator());
   const size_t len = prompt.size();
   solo.prepare_prefill(std::span<const size_t>(&len, 1));
   std::vector<float> logits;

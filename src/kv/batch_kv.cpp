@@ -158,7 +158,7 @@ std::vector<LayerStore> BatchKv::rebuilt(const StoreGeometry& geo, size_t step,
   out.reserve(spec_.layers.size());
   for (size_t l = 0; l < spec_.layers.size(); ++l) {
     const StoreGeometry lg = layer_geometry(l, geo, step);
-    out.emplace_back(spec_.layers[l].k, spec_.layers[l].v, lg, *alloc_);
+    out.emplace_back(spec_.layers[l].k, spec_.layers[l].v, lg, alloc_);
     const ColMap to_map{0, spec_.layers[l].window ? lg.col_cap : 0};
     for (size_t r = 0; r < table.size(); ++r) {
       if (src_rows[r] < 0) continue;
@@ -195,7 +195,7 @@ void BatchKv::unshare() {
   if (!any) return;
   std::vector<LayerStore> copies;
   copies.reserve(layers_.size());
-  for (const auto& l : layers_) copies.push_back(l.shared() ? l.clone(*alloc_) : l.share());
+  for (const auto& l : layers_) copies.push_back(l.shared() ? l.clone() : l.share());
   layers_ = std::move(copies);
 }
 
@@ -332,12 +332,20 @@ void BatchKv::reserve(std::span<const size_t> counts) {
   adopt(std::move(stores), g, std::max(step, step_cap_));
 }
 
-void BatchKv::write(size_t layer, size_t row, size_t i, const float* k, const float* v) {
+BatchKv::WriteTarget BatchKv::write_target(size_t layer, size_t row, size_t i) const {
   FERRY_CHECK(layer < layers_.size() && row < rows(), "kv", "write to layer ", layer, " row ", row);
   FERRY_CHECK(!layers_[layer].shared(), "kv", "write into storage a view shares (reserve first)");
   FERRY_CHECK(!spec_.layers[layer].window || i < step_cap_, "kv", "write of step token ", i,
               " past the ring's step capacity ", step_cap_, " (reserve first)");
-  layers_[layer].write(row, colmap(layer).slot(table_.row(row).end + i), k, v);
+  const size_t slot = colmap(layer).slot(table_.row(row).end + i);
+  FERRY_CHECK(slot < layers_[layer].geometry().col_cap, "kv", "write at slot ", slot,
+              " outside the reservation (reserve first)");
+  return {layers_[layer].side(false, row), layers_[layer].side(true, row), slot};
+}
+
+void BatchKv::write(size_t layer, size_t row, size_t i, const float* k, const float* v) {
+  const WriteTarget t = write_target(layer, row, i);
+  layers_[layer].write(row, t.slot, k, v);
 }
 
 kernels::AttentionTask BatchKv::attention_task(size_t layer, size_t row, size_t i,
@@ -413,7 +421,7 @@ BatchKv BatchKv::merge(std::span<const BatchKv* const> parts) {
   std::vector<LayerStore> stores;
   for (size_t l = 0; l < first.spec_.layers.size(); ++l) {
     const StoreGeometry lg = out.layer_geometry(l, g, step);
-    stores.emplace_back(first.spec_.layers[l].k, first.spec_.layers[l].v, lg, *first.alloc_);
+    stores.emplace_back(first.spec_.layers[l].k, first.spec_.layers[l].v, lg, first.alloc_);
     const ColMap to_map{0, first.spec_.layers[l].window ? lg.col_cap : 0};
     size_t row = 0;
     for (const BatchKv* p : parts)
@@ -516,7 +524,7 @@ BatchKv BatchKv::extract(size_t row) const {
   std::vector<LayerStore> stores;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const StoreGeometry lg = layer_geometry(l, g, step_cap_);
-    stores.emplace_back(spec_.layers[l].k, spec_.layers[l].v, lg, *alloc_);
+    stores.emplace_back(spec_.layers[l].k, spec_.layers[l].v, lg, alloc_);
     auto [c0, n] = live_cols(l, r);
     copy_span(stores[l], 0, ColMap{0, spec_.layers[l].window ? lg.col_cap : 0}, c0 - r.start,
               layers_[l], row, colmap(l), c0, n);

@@ -76,6 +76,8 @@ class BatchKv {
   BatchKv& operator=(const BatchKv&) = delete;
 
   const KvSpec& spec() const { return spec_; }
+  // The allocator (and so the memory) the cache's bytes come from.
+  const std::shared_ptr<KvAllocator>& allocator() const { return alloc_; }
   size_t rows() const { return table_.size(); }
   const RowTable& table() const { return table_; }
   size_t minimum_reusable_offset() const;
@@ -121,6 +123,14 @@ class BatchKv {
   // Writes step token i of row b for `layer` at column end_b + i. Needs a
   // reserve() for this step first (which also copies storage a view shares).
   void write(size_t layer, size_t row, size_t i, const float* k, const float* v);
+  // Where write() would put step token i of row b: the row's sides and the
+  // token slot. For backends that encode with their own kernels into
+  // memory the host cannot touch (same preconditions as write()).
+  struct WriteTarget {
+    kernels::KvSide k, v;
+    size_t slot = 0;
+  };
+  WriteTarget write_target(size_t layer, size_t row, size_t i) const;
   // The keys step token i of row b attends to in `layer`: causal, past the
   // row's padding, inside the layer's window. k and v receive the sides.
   kernels::AttentionTask attention_task(size_t layer, size_t row, size_t i, kernels::KvSide* k,

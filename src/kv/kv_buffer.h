@@ -1,6 +1,10 @@
-// Byte buffers of the KV cache and the allocator they come from. Tests
-// pass an allocator that fails on the n-th call to prove that every cache
-// operation either completes or leaves the cache exactly as it was.
+// Byte buffers of the KV cache, the allocator they come from, and the byte
+// moves row operations make on them. The allocator decides where the bytes
+// live: host memory (standard()) or a device's (the CUDA backend's
+// allocator, src/cuda), so the same row operations run on either and stay
+// byte-exact. Tests pass an allocator that fails on the n-th call to prove
+// that every cache operation either completes or leaves the cache exactly
+// as it was.
 #pragma once
 
 #include <cstddef>
@@ -9,9 +13,15 @@
 
 namespace ferry::kv {
 
+// `size` bytes at `data` in the allocator's memory; freed by the subclass
+// that allocated them.
 struct KvBuffer {
-  std::unique_ptr<uint8_t[]> data;
+  uint8_t* data = nullptr;
   size_t size = 0;
+  KvBuffer() = default;
+  KvBuffer(const KvBuffer&) = delete;
+  KvBuffer& operator=(const KvBuffer&) = delete;
+  virtual ~KvBuffer();
 };
 
 class KvAllocator {
@@ -20,6 +30,15 @@ class KvAllocator {
   // A zero-filled buffer of `bytes`; throws std::bad_alloc (or ferry::Error)
   // on failure.
   virtual std::shared_ptr<KvBuffer> allocate(size_t bytes);
+  // `height` runs of `width` bytes, run i from src + i * spitch to
+  // dst + i * dpitch, in this allocator's memory. Runs may overlap (a move
+  // within one buffer): the result is as if every run were read first.
+  // Never fails for valid ranges.
+  virtual void copy_2d(uint8_t* dst, size_t dpitch, const uint8_t* src, size_t spitch, size_t width,
+                       size_t height);
+  // Whether the CPU may read and write the buffers' bytes directly
+  // (LayerStore::write encodes on the host only when it may).
+  virtual bool host_accessible() const { return true; }
   static std::shared_ptr<KvAllocator> standard();
 };
 

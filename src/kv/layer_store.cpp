@@ -9,17 +9,17 @@
 namespace ferry::kv {
 
 LayerStore::LayerStore(kernels::KvFormat k, kernels::KvFormat v, const StoreGeometry& geo,
-                       KvAllocator& alloc)
-    : k_fmt_(k), v_fmt_(v), geo_(geo) {
+                       std::shared_ptr<KvAllocator> alloc)
+    : k_fmt_(k), v_fmt_(v), geo_(geo), mem_(std::move(alloc)) {
   for (bool vs : {false, true})
     for (size_t unit : (vs ? v : k).plane_units(geo.head_dim)) {
       const size_t bytes = geo.row_cap * geo.n_kv_heads * geo.col_cap * unit;
-      planes_.push_back(Plane{unit, alloc.allocate(bytes)});
+      planes_.push_back(Plane{unit, mem_->allocate(bytes)});
     }
 }
 
 uint8_t* LayerStore::at(const Plane& p, size_t row, size_t head, size_t col) const {
-  return p.buf->data.get() + ((row * geo_.n_kv_heads + head) * geo_.col_cap + col) * p.unit;
+  return p.buf->data + ((row * geo_.n_kv_heads + head) * geo_.col_cap + col) * p.unit;
 }
 
 void LayerStore::encode(kernels::KvFormat f, const float* x, const Plane* planes, size_t row,
@@ -55,6 +55,7 @@ void LayerStore::encode(kernels::KvFormat f, const float* x, const Plane* planes
 void LayerStore::write(size_t row, size_t col, const float* k, const float* v) {
   FERRY_CHECK(row < geo_.row_cap && col < geo_.col_cap, "kv", "write at row ", row, " col ", col,
               " outside ", geo_.row_cap, "x", geo_.col_cap);
+  FERRY_CHECK(mem_->host_accessible(), "kv", "host write into device KV memory");
   const size_t D = geo_.head_dim;
   for (size_t h = 0; h < geo_.n_kv_heads; ++h) {
     encode(k_fmt_, k + h * D, &planes_[0], row, h, col);
@@ -71,10 +72,12 @@ void LayerStore::copy_cols(const LayerStore& src, size_t sr, size_t sc, size_t d
   FERRY_CHECK(sr < src.geo_.row_cap && dr < geo_.row_cap && sc + n <= src.geo_.col_cap &&
                   dc + n <= geo_.col_cap,
               "kv", "copy out of range");
-  for (size_t p = 0; p < planes_.size(); ++p)
-    for (size_t h = 0; h < geo_.n_kv_heads; ++h)
-      std::memcpy(at(planes_[p], dr, h, dc), src.at(src.planes_[p], sr, h, sc),
-                  n * planes_[p].unit);
+  // One strided copy per plane: the row's heads are runs col_cap apart.
+  for (size_t p = 0; p < planes_.size(); ++p) {
+    const size_t u = planes_[p].unit;
+    mem_->copy_2d(at(planes_[p], dr, 0, dc), geo_.col_cap * u, src.at(src.planes_[p], sr, 0, sc),
+                  src.geo_.col_cap * u, n * u, geo_.n_kv_heads);
+  }
 }
 
 void LayerStore::move_cols(size_t sr, size_t sc, size_t dr, size_t dc, size_t n) {
@@ -83,8 +86,8 @@ void LayerStore::move_cols(size_t sr, size_t sc, size_t dr, size_t dc, size_t n)
       sr < geo_.row_cap && dr < geo_.row_cap && sc + n <= geo_.col_cap && dc + n <= geo_.col_cap,
       "kv", "move out of range");
   for (auto& p : planes_)
-    for (size_t h = 0; h < geo_.n_kv_heads; ++h)
-      std::memmove(at(p, dr, h, dc), at(p, sr, h, sc), n * p.unit);
+    mem_->copy_2d(at(p, dr, 0, dc), geo_.col_cap * p.unit, at(p, sr, 0, sc), geo_.col_cap * p.unit,
+                  n * p.unit, geo_.n_kv_heads);
 }
 
 kernels::KvSide LayerStore::side(bool v_side, size_t row) const {
@@ -116,18 +119,20 @@ LayerStore LayerStore::share() const {
   c.k_fmt_ = k_fmt_;
   c.v_fmt_ = v_fmt_;
   c.geo_ = geo_;
+  c.mem_ = mem_;
   c.planes_ = planes_;
   return c;
 }
 
-LayerStore LayerStore::clone(KvAllocator& alloc) const {
+LayerStore LayerStore::clone() const {
   LayerStore c;
   c.k_fmt_ = k_fmt_;
   c.v_fmt_ = v_fmt_;
   c.geo_ = geo_;
+  c.mem_ = mem_;
   for (const auto& p : planes_) {
-    auto b = alloc.allocate(p.buf->size);
-    std::memcpy(b->data.get(), p.buf->data.get(), p.buf->size);
+    auto b = mem_->allocate(p.buf->size);
+    mem_->copy_2d(b->data, 0, p.buf->data, 0, p.buf->size, 1);
     c.planes_.push_back(Plane{p.unit, std::move(b)});
   }
   return c;

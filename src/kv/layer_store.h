@@ -27,9 +27,10 @@ struct StoreGeometry {
 class LayerStore {
  public:
   LayerStore() = default;
-  // Allocates zeroed planes for `geo` (throws on allocation failure).
+  // Allocates zeroed planes for `geo` from `alloc`, whose memory the bytes
+  // then live in (throws on allocation failure).
   LayerStore(kernels::KvFormat k, kernels::KvFormat v, const StoreGeometry& geo,
-             KvAllocator& alloc);
+             std::shared_ptr<KvAllocator> alloc);
 
   LayerStore(LayerStore&&) noexcept = default;
   LayerStore& operator=(LayerStore&&) noexcept = default;
@@ -43,7 +44,8 @@ class LayerStore {
   bool allocated() const { return !planes_.empty(); }
 
   // Encodes one token's K and V rows ([n_kv_heads * head_dim] floats each)
-  // into (row, col).
+  // into (row, col). Host-accessible memory only (a device backend encodes
+  // with its own kernel into side()'s planes).
   void write(size_t row, size_t col, const float* k, const float* v);
   // Copies n columns of src's row sr starting at sc into (dr, dc). All
   // planes of both sides; formats and head shapes must match.
@@ -56,8 +58,8 @@ class LayerStore {
   size_t allocated_bytes() const;
   // True while a donor view shares these buffers (writes must copy first).
   bool shared() const;
-  // A deep copy (same geometry).
-  LayerStore clone(KvAllocator& alloc) const;
+  // A deep copy (same geometry, same allocator).
+  LayerStore clone() const;
 
  private:
   struct Plane {
@@ -74,6 +76,7 @@ class LayerStore {
 
   kernels::KvFormat k_fmt_, v_fmt_;
   StoreGeometry geo_;
+  std::shared_ptr<KvAllocator> mem_;
   std::vector<Plane> planes_;  // K planes, then V planes
 };
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "model/backend.h"
 #include "model/loader.h"
 #include "model/model.h"
 
@@ -22,6 +23,14 @@ struct LayerWeights {
   kernels::WeightView w_gate, w_up, w_down;
 };
 
+// Every tensor the forward reads, as views into one backend's memory.
+struct LlamaWeights {
+  kernels::WeightView tok_embd, output;
+  const float* output_norm = nullptr;
+  const float* rope_inv_freq = nullptr;
+  std::vector<LayerWeights> layers;
+};
+
 class LlamaModel final : public Model {
  public:
   LlamaModel(std::unique_ptr<gguf::File> file, const std::string& arch) {
@@ -32,13 +41,15 @@ class LlamaModel final : public Model {
     const size_t q_dim = c.n_heads * c.head_dim, kv_dim = c.n_kv_heads * c.head_dim;
     const gguf::TensorInfo& emb = f.tensor("token_embd.weight");
     if (c.vocab_size == 0 && emb.shape.size() == 2) config_.vocab_size = emb.shape[1];
-    tok_embd_ = weight(f, "token_embd.weight", c.n_embd, c.vocab_size);
-    output_ = f.find_tensor("output.weight") ? weight(f, "output.weight", c.n_embd, c.vocab_size)
-                                             : tok_embd_;
-    output_norm_ = vector_f32(f, "output_norm.weight", c.n_embd);
+    LlamaWeights& w = host_;
+    w.tok_embd = weight(f, "token_embd.weight", c.n_embd, c.vocab_size);
+    w.output = f.find_tensor("output.weight") ? weight(f, "output.weight", c.n_embd, c.vocab_size)
+                                              : w.tok_embd;
+    w.output_norm = vector_f32(f, "output_norm.weight", c.n_embd);
+    w.rope_inv_freq = config_.rope_inv_freq.data();
     for (size_t l = 0; l < c.n_layers; ++l) {
       const std::string p = "blk." + std::to_string(l) + ".";
-      layers_.push_back(LayerWeights{
+      w.layers.push_back(LayerWeights{
           vector_f32(f, p + "attn_norm.weight", c.n_embd),
           weight(f, p + "attn_q.weight", c.n_embd, q_dim),
           weight(f, p + "attn_k.weight", c.n_embd, kv_dim),
@@ -56,27 +67,61 @@ class LlamaModel final : public Model {
     }
   }
 
+  void set_backend(std::unique_ptr<Backend> backend) override {
+    const ModelConfig& c = config_;
+    Backend& be = *backend;
+    LlamaWeights d;
+    d.tok_embd = be.weight(host_.tok_embd);
+    d.output = host_.output.data == host_.tok_embd.data ? d.tok_embd : be.weight(host_.output);
+    d.output_norm = be.vector(host_.output_norm, c.n_embd);
+    d.rope_inv_freq = be.vector(host_.rope_inv_freq, c.head_dim / 2);
+    for (const LayerWeights& h : host_.layers)
+      d.layers.push_back(LayerWeights{be.vector(h.attn_norm, c.n_embd), be.weight(h.wq),
+                                      be.weight(h.wk), be.weight(h.wv), be.weight(h.wo),
+                                      be.vector(h.ffn_norm, c.n_embd), be.weight(h.w_gate),
+                                      be.weight(h.w_up), be.weight(h.w_down)});
+    backend_ = std::move(backend);
+    device_ = std::move(d);
+  }
+
   void forward(const kernels::Context& ctx, kv::BatchKv& kv, std::span<const RowInput> rows,
-               std::vector<float>& logits) const override;
+               std::vector<float>& logits) const override {
+    if (backend_) {
+      FERRY_CHECK(kv.allocator() == backend_->kv_allocator(), "forward",
+                  "the cache's memory is not the ", backend_->name(), " backend's");
+      run(*backend_, device_, kv, rows, logits);
+    } else {
+      CpuBackend cpu(ctx);
+      run(cpu, host_, kv, rows, logits);
+    }
+  }
 
  private:
-  kernels::WeightView tok_embd_, output_;
-  const float* output_norm_ = nullptr;
-  std::vector<LayerWeights> layers_;
+  void run(Backend& be, const LlamaWeights& w, kv::BatchKv& kv, std::span<const RowInput> rows,
+           std::vector<float>& logits) const;
+
+  LlamaWeights host_;
+  // The weights in the memory of backend_ (set by set_backend; null: the
+  // CPU, per call). forward() is const but drives the backend's stream and
+  // arena: one forward at a time per model (the engine's one thread), as
+  // for the CPU thread pool.
+  LlamaWeights device_;
 };
 
-void LlamaModel::forward(const kernels::Context& ctx, kv::BatchKv& kv,
-                         std::span<const RowInput> rows, std::vector<float>& logits) const {
+void LlamaModel::run(Backend& be, const LlamaWeights& w, kv::BatchKv& kv,
+                     std::span<const RowInput> rows, std::vector<float>& logits) const {
   const ModelConfig& c = config_;
   const size_t E = c.n_embd, D = c.head_dim, H = c.n_heads, KVH = c.n_kv_heads;
-  const size_t q_dim = H * D, kv_dim = KVH * D;
+  const size_t q_dim = H * D, kv_dim = KVH * D, F = c.n_ff;
   if (rows.size() != kv.rows())
     fail("forward", rows.size(), " row inputs for a cache of ", kv.rows(), " rows");
 
   // Flatten the rows' new tokens into T token rows; remember each token's
-  // cache row, index within the step and position.
-  std::vector<int32_t> tokens;
-  std::vector<size_t> tok_row, tok_i, tok_pos, counts(rows.size());
+  // cache row, index within the step and position. Check ids here, on the
+  // host, before any backend work.
+  std::vector<int32_t> tokens, pos;
+  std::vector<TokenPlace> places;
+  std::vector<size_t> counts(rows.size());
   for (size_t r = 0; r < rows.size(); ++r) {
     counts[r] = rows[r].tokens.size();
     const size_t len = kv.table().row(r).length();
@@ -84,53 +129,19 @@ void LlamaModel::forward(const kernels::Context& ctx, kv::BatchKv& kv,
       fail("forward", "row ", r, " would hold ", len + counts[r], " tokens, over the context of ",
            c.context_length);
     for (size_t i = 0; i < counts[r]; ++i) {
-      tokens.push_back(rows[r].tokens[i]);
-      tok_row.push_back(r);
-      tok_i.push_back(i);
-      tok_pos.push_back(len + i);
+      const int32_t t = rows[r].tokens[i];
+      if (t < 0 || static_cast<size_t>(t) >= c.vocab_size)
+        fail("embed", "token id ", t, " is outside the vocabulary of ", c.vocab_size);
+      tokens.push_back(t);
+      places.push_back({r, i});
+      pos.push_back(static_cast<int32_t>(len + i));
     }
   }
   const size_t T = tokens.size();
   logits.clear();
   if (T == 0) return;
-  kv.reserve(counts);  // the step's only cache allocation; nothing changes on failure
-  std::vector<float> x(T * E), xn(T * E), q(T * q_dim), k(T * kv_dim), v(T * kv_dim);
-  std::vector<float> attn(T * q_dim), tmp(T * E), gate(T * c.n_ff), up(T * c.n_ff);
-  kernels::embed(tok_embd_, tokens, x.data());
 
-  const kernels::AttentionShape shape{H, KVH, D, 1.0f / std::sqrt(static_cast<float>(D))};
-  std::vector<kernels::AttentionTask> tasks(T);
-  std::vector<kernels::KvSide> sides(2 * T);
-  for (size_t l = 0; l < c.n_layers; ++l) {
-    const LayerWeights& w = layers_[l];
-    kernels::rmsnorm(ctx, x.data(), w.attn_norm, T, E, c.rms_eps, xn.data());
-    kernels::matmul(ctx, w.wq, xn.data(), T, q.data());
-    kernels::matmul(ctx, w.wk, xn.data(), T, k.data());
-    kernels::matmul(ctx, w.wv, xn.data(), T, v.data());
-    for (size_t t = 0; t < T; ++t) {
-      const int64_t pos = static_cast<int64_t>(tok_pos[t]);
-      kernels::rope(&q[t * q_dim], H, D, pos, c.rope_inv_freq.data());
-      kernels::rope(&k[t * kv_dim], KVH, D, pos, c.rope_inv_freq.data());
-      kv.write(l, tok_row[t], tok_i[t], &k[t * kv_dim], &v[t * kv_dim]);
-    }
-    for (size_t t = 0; t < T; ++t) {
-      tasks[t] = kv.attention_task(l, tok_row[t], tok_i[t], &sides[2 * t], &sides[2 * t + 1]);
-      tasks[t].q = &q[t * q_dim];
-      tasks[t].out = &attn[t * q_dim];
-    }
-    kernels::attention(ctx, shape, tasks);
-    kernels::matmul(ctx, w.wo, attn.data(), T, tmp.data());
-    kernels::add_inplace(x.data(), tmp.data(), T * E);
-
-    kernels::rmsnorm(ctx, x.data(), w.ffn_norm, T, E, c.rms_eps, xn.data());
-    kernels::matmul(ctx, w.w_gate, xn.data(), T, gate.data());
-    kernels::matmul(ctx, w.w_up, xn.data(), T, up.data());
-    kernels::silu_mul(gate.data(), up.data(), T * c.n_ff);
-    kernels::matmul(ctx, w.w_down, gate.data(), T, tmp.data());
-    kernels::add_inplace(x.data(), tmp.data(), T * E);
-  }
-
-  // Gather the token rows that produce logits.
+  // The token rows that produce logits.
   std::vector<size_t> out_tokens;
   for (size_t t = 0, r = 0; r < rows.size(); ++r) {
     const size_t n = counts[r];
@@ -144,11 +155,46 @@ void LlamaModel::forward(const kernels::Context& ctx, kv::BatchKv& kv,
     }
     t += n;
   }
-  std::vector<float> sel(out_tokens.size() * E);
-  for (size_t i = 0; i < out_tokens.size(); ++i) std::copy_n(&x[out_tokens[i] * E], E, &sel[i * E]);
-  kernels::rmsnorm(ctx, sel.data(), output_norm_, out_tokens.size(), E, c.rms_eps, sel.data());
-  logits.resize(out_tokens.size() * c.vocab_size);
-  kernels::matmul(ctx, output_, sel.data(), out_tokens.size(), logits.data());
+  const size_t n_out = out_tokens.size(), V = c.vocab_size;
+
+  kv.reserve(counts);  // the step's only cache allocation; nothing changes on failure
+  const size_t sizes[] = {T * E, T * E, T * q_dim, T * kv_dim, T * kv_dim, T * q_dim,
+                          T * E, T * F, T * F,     n_out * E,  n_out * V};
+  float* buf[std::size(sizes)];
+  be.activations(sizes, buf);
+  float *x = buf[0], *xn = buf[1], *q = buf[2], *k = buf[3], *v = buf[4], *attn = buf[5];
+  float *tmp = buf[6], *gate = buf[7], *up = buf[8], *sel = buf[9], *out = buf[10];
+  be.embed(w.tok_embd, tokens, x);
+
+  const kernels::AttentionShape shape{H, KVH, D, 1.0f / std::sqrt(static_cast<float>(D))};
+  for (size_t l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& lw = w.layers[l];
+    be.rmsnorm(x, lw.attn_norm, T, E, c.rms_eps, xn);
+    be.matmul(lw.wq, xn, T, q);
+    be.matmul(lw.wk, xn, T, k);
+    be.matmul(lw.wv, xn, T, v);
+    be.rope(q, H, D, pos, w.rope_inv_freq);
+    be.rope(k, KVH, D, pos, w.rope_inv_freq);
+    be.kv_write(kv, l, places, k, v);
+    be.attention(kv, l, places, shape, q, attn);
+    be.matmul(lw.wo, attn, T, tmp);
+    be.add_inplace(x, tmp, T * E);
+
+    be.rmsnorm(x, lw.ffn_norm, T, E, c.rms_eps, xn);
+    be.matmul(lw.w_gate, xn, T, gate);
+    be.matmul(lw.w_up, xn, T, up);
+    be.silu_mul(gate, up, T * F);
+    be.matmul(lw.w_down, gate, T, tmp);
+    be.add_inplace(x, tmp, T * E);
+  }
+
+  if (n_out > 0) {
+    be.gather_rows(x, out_tokens, E, sel);
+    be.rmsnorm(sel, w.output_norm, n_out, E, c.rms_eps, sel);
+    be.matmul(w.output, sel, n_out, out);
+  }
+  logits.resize(n_out * V);
+  be.to_host(out, n_out * V, logits.data());
   kv.commit(counts);  // last: an exception above leaves the rows' lengths as they were
 }
 

@@ -13,6 +13,7 @@
 #include "gguf/gguf.h"
 #include "kernels/ops.h"
 #include "kv/batch_kv.h"
+#include "model/backend.h"
 
 namespace ferry::model {
 
@@ -64,9 +65,22 @@ class Model {
   virtual void forward(const kernels::Context& ctx, kv::BatchKv& kv, std::span<const RowInput> rows,
                        std::vector<float>& logits) const = 0;
 
+  // Moves the model to a backend (model/backend.h), e.g. a GPU: its
+  // weights are copied into the backend's memory now, and every later
+  // forward runs there (ctx is then unused). Without it, forward runs on
+  // the CPU with ctx's threads. Call before any cache exists.
+  virtual void set_backend(std::unique_ptr<Backend> backend) = 0;
+  // Where caches for this model must keep their bytes (the backend's).
+  std::shared_ptr<kv::KvAllocator> kv_allocator() const {
+    return backend_ ? backend_->kv_allocator() : kv::KvAllocator::standard();
+  }
+  // "cpu", or the backend's name.
+  std::string device() const { return backend_ ? backend_->name() : "cpu"; }
+
  protected:
   ModelConfig config_;
   std::unique_ptr<gguf::File> file_;
+  std::unique_ptr<Backend> backend_;
 };
 
 // Opens a GGUF model, picks its architecture, validates every tensor and

@@ -1,0 +1,97 @@
+// ferry's own CUDA kernels: the ops no library does well (norms, RoPE with
+// per-row positions, SwiGLU, embedding, GGUF quantized-weight products, KV
+// encoding, attention over the batched KV layer). Plain C++ declarations so
+// host code built by g++ can call them; definitions are in *.cu files.
+//
+// Conventions:
+// - Every pointer is device memory unless its comment says host.
+// - Every function enqueues on `stream` and returns without synchronising;
+//   launch errors are checked (ferry::Error naming the kernel, file, line).
+// - Activations are float32, row-major [rows, cols].
+// - Determinism: every output element is reduced in one fixed order that
+//   depends only on its own inputs, never on the number of rows in the call,
+//   the row's position in it or the grid size (no atomics in reductions, no
+//   split-K whose split depends on the batch). This is the GPU half of the
+//   batch-invariance promise (docs/CUDA.md).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "kernels/ops.h"
+
+namespace ferry::cuda {
+
+// out[r, :] = decoded row tokens[r] of table ([n_out rows of n_in], GGUF
+// type `type`, rows contiguous). Token ids must be in range (the caller
+// checks on the host).
+void embed(const uint8_t* table, DType type, size_t n_in, const int32_t* tokens, size_t n_tokens,
+           float* out, cudaStream_t stream);
+
+// out[r] = x[r] * (1 / sqrt(mean(x[r]^2) + eps)) * w. out may alias x.
+void rmsnorm(const float* x, const float* w, size_t n_rows, size_t dim, float eps, float* out,
+             cudaStream_t stream);
+
+// Rotary embedding, GGML's adjacent-pair layout, on x: [n_rows, n_heads,
+// head_dim]; row r rotates by angle pos[r] * inv_freq[i] (inv_freq:
+// head_dim / 2 floats). Angles, cos and sin in float32 (cosf/sinf, not the
+// fast intrinsics).
+void rope(float* x, size_t n_rows, size_t n_heads, size_t head_dim, const int32_t* pos,
+          const float* inv_freq, cudaStream_t stream);
+
+// gate[i] = silu(gate[i]) * up[i];  x[i] += y[i].
+void silu_mul(float* gate, const float* up, size_t n, cudaStream_t stream);
+void add_inplace(float* x, const float* y, size_t n, cudaStream_t stream);
+
+// y[r, j] = sum_k W[j, k] * x[r, k] for a GGUF-typed weight (any DType
+// ferry loads: F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) used in
+// place, rows of `row_bytes(type, n_in)` bytes. Weights are streamed once
+// per group of rows. x: [n_rows, n_in], y: [n_rows, n_out]. Deterministic
+// (see above) for any n_rows.
+void matmul_gguf(const uint8_t* w, DType type, size_t n_in, size_t n_out, const float* x,
+                 size_t n_rows, float* y, cudaStream_t stream);
+
+// Weight rows decoded to bf16 ([n_out, n_in]), for the cuBLAS path.
+void dequantize_bf16(const uint8_t* w, DType type, size_t n_in, size_t n_out, uint16_t* out,
+                     cudaStream_t stream);
+// out[i] = bf16(x[i]) (round to nearest even).
+void f32_to_bf16(const float* x, size_t n, uint16_t* out, cudaStream_t stream);
+
+// One token's K and V rows written into the cache: encode src ([n_kv_heads,
+// head_dim] floats at k + t * kv_dim, v + t * kv_dim) into the sides'
+// planes at token slot `slot` (the layout of kernels::KvSide). Encoding is
+// byte-identical to the CPU's (f16/bf16 round to nearest even; affine is
+// kv/affine_quant.h's MLX arithmetic).
+struct KvWrite {
+  kernels::KvSide k, v;  // plane pointers are device memory
+  uint32_t slot = 0;
+  uint32_t token = 0;  // index of the source row in k/v
+};
+void kv_store(const KvWrite* writes, size_t n_writes, size_t n_kv_heads, size_t head_dim,
+              const float* k, const float* v, cudaStream_t stream);
+
+// One query token's attention over one cache row, as kernels::AttentionTask
+// but flattened for the device (the sides by value).
+struct AttentionJob {
+  const float* q = nullptr;  // [n_heads, head_dim]
+  float* out = nullptr;      // [n_heads, head_dim]
+  kernels::KvSide k, v;
+  kernels::KeySegment seg[2];
+};
+// softmax(q . K^T * scale) V over exactly the task's key slots, for every
+// job and head; query head h reads kv head h / (n_heads / n_kv_heads).
+// Keys are visited in slot order (seg[0], then seg[1]) with a fixed
+// blocking, so the result does not depend on the other jobs.
+void attention(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& shape,
+               cudaStream_t stream);
+
+// Throws ferry::Error("[cuda] <what>: <error string> at file:line") if err
+// is not cudaSuccess.
+void check(cudaError_t err, const char* what, const char* file, int line);
+
+}  // namespace ferry::cuda
+
+#define FERRY_CUDA_CHECK(expr) ::ferry::cuda::check((expr), #expr, __FILE__, __LINE__)
