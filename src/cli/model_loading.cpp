@@ -4,9 +4,47 @@
 
 #include <cstdio>
 
+#include "core/error.h"
+#ifdef FERRY_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
+
 namespace ferry::cli {
 
-LoadedModel load_model_files(const std::string& path, bool quiet) {
+void DeviceOptions::add_to(CLI::App* cmd) {
+  cmd->add_option("--device", device, "Where the model runs: cpu, cuda or cuda:N")
+      ->capture_default_str();
+  cmd->add_flag("--deterministic,!--no-deterministic", deterministic,
+                "GPU: batch-invariant kernels (a row's logits never depend on the batch); "
+                "--no-deterministic lets cuBLAS run batched products")
+      ->capture_default_str();
+}
+
+void DeviceOptions::apply(model::Model& m, bool quiet) const {
+  if (device == "cpu") return;
+  if (device.rfind("cuda", 0) != 0)
+    fail("device", "unknown device '", device, "' (expected cpu, cuda or cuda:N)");
+#ifdef FERRY_HAVE_CUDA
+  cuda::CudaOptions o;
+  o.deterministic = deterministic;
+  if (device.size() > 4) {
+    if (device[4] != ':' || device.size() == 5 ||
+        device.find_first_not_of("0123456789", 5) != std::string::npos)
+      fail("device", "bad device '", device, "' (expected cuda or cuda:N)");
+    o.device = std::stoi(device.substr(5));
+  }
+  m.set_backend(cuda::make_backend(o));
+  if (!quiet)
+    std::fprintf(stderr, "running on %s%s\n", m.device().c_str(),
+                 deterministic ? " (deterministic)" : "");
+#else
+  (void)m;
+  (void)quiet;
+  fail("device", "this ferry was built without CUDA (configure with -DFERRY_CUDA=ON)");
+#endif
+}
+
+LoadedModel load_model_files(const std::string& path, bool quiet, const DeviceOptions& device) {
   const bool tty = isatty(STDERR_FILENO);
   if (!quiet) std::fprintf(stderr, "loading %s\n", path.c_str());
   int last_pct = -1;
@@ -18,6 +56,7 @@ LoadedModel load_model_files(const std::string& path, bool quiet) {
     std::fprintf(stderr, "\rloading: %3d%%", pct);
   });
   if (!quiet && tty) std::fprintf(stderr, "\r\033[K");
+  device.apply(*l.model, quiet);
   l.tok = text::Tokenizer::from_gguf(l.model->file());
   const std::string tmpl = l.model->file().get_string("tokenizer.chat_template", std::string());
   if (!tmpl.empty()) l.chat.emplace(tmpl);

@@ -20,8 +20,21 @@ struct LoadedModel {
   std::optional<text::ChatTemplate> chat;  // the model's template, if any
 };
 
+// Where the model runs: --device cpu|cuda[:N] and --deterministic (GPU:
+// batch-invariant kernels, the default; --no-deterministic lets cuBLAS
+// take batched products). Shared by `run`, `serve` and `bench`.
+struct DeviceOptions {
+  std::string device = "cpu";
+  bool deterministic = true;
+  void add_to(CLI::App* cmd);
+  // Moves the model to the device (a no-op for the CPU). Throws
+  // ferry::Error naming the problem: an unknown device, a build without
+  // CUDA, no GPU.
+  void apply(model::Model& m, bool quiet) const;
+};
+
 // Throws ferry::Error. Unless quiet, says what it loads on stderr.
-LoadedModel load_model_files(const std::string& path, bool quiet);
+LoadedModel load_model_files(const std::string& path, bool quiet, const DeviceOptions& device = {});
 
 // The KV storage flags shared by `run` and `serve`: --kv-bits, --kv-group,
 // --kv-dtype.

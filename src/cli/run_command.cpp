@@ -38,6 +38,7 @@ struct RunOptions {
   size_t prefill_chunk = 256;
   std::string prompts_file;  // JSONL batch mode
   size_t batch = 8;
+  DeviceOptions device;
   KvOptions kv{"f32"};
   engine::SamplingParams sampling;
   uint64_t seed = 0;
@@ -47,7 +48,7 @@ struct RunOptions {
 using Loaded = LoadedModel;
 
 Loaded load(const RunOptions& o) {
-  return load_model_files(o.model, o.quiet);
+  return load_model_files(o.model, o.quiet, o.device);
 }
 
 // Token ids of a chat conversation (rendered with the model's template) or
@@ -249,6 +250,7 @@ Action add_run_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   o->kv.add_to(cmd);
+  o->device.add_to(cmd);
   cmd->add_flag("--chat", o->chat, "Apply the model's chat template (default when it has one)");
   cmd->add_flag("--raw", o->raw, "Use the prompt as is, without the chat template");
   cmd->add_option("--system", o->system, "System message in chat mode");

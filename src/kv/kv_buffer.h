@@ -39,6 +39,9 @@ class KvAllocator {
   // Whether the CPU may read and write the buffers' bytes directly
   // (LayerStore::write encodes on the host only when it may).
   virtual bool host_accessible() const { return true; }
+  // Bytes caches may take from this memory now, for admission budgets (0:
+  // not known; the scheduler then takes a share of host memory).
+  virtual size_t memory_hint() const { return 0; }
   static std::shared_ptr<KvAllocator> standard();
 };
 

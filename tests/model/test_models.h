@@ -15,8 +15,11 @@ inline std::string smollm2_path() {
   return std::string(home ? home : ".") + "/.cache/ferry/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
+// $FERRY_TEST_DATA (set by ctest, and by tools/cuda/test.sh on a machine
+// where the checkout lives elsewhere), else the path at build time.
 inline std::string data_path(const std::string& rel) {
-  return std::string(FERRY_TEST_DATA) + "/" + rel;
+  const char* env = std::getenv("FERRY_TEST_DATA");
+  return std::string(env ? env : FERRY_TEST_DATA) + "/" + rel;
 }
 
 }  // namespace ferry::test

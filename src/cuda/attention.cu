@@ -1,0 +1,274 @@
+// Attention of each query token over its own cache row's keys, reading
+// dense (f32/f16/bf16) or affine K/V in place.
+//
+// Blocking. A block is (job, kv head, chunk of up to kG query heads of that
+// kv head's GQA group), so K and V are read once for the whole group. Its
+// kWarps warps split the job's keys (logical index n over seg[0] then
+// seg[1]) in tiles of 32: warp w takes tiles w, w + kWarps, ... For a tile,
+// lane l scores key 32 t + l for every head (its own K row, 16 elements at a
+// time, q from shared memory), the warp updates an online softmax (max and
+// sum by fixed butterflies), then walks the tile's keys in order with each
+// lane accumulating p * V for its kE output dimensions (V rows read
+// coalesced). Finally the warps' states are folded into warp 0's in the
+// fixed order 1, 2, ..., kWarps - 1.
+//
+// Determinism: all of that depends only on the job's own keys and shape,
+// never on the other jobs or the grid, so a query's output is bit-identical
+// alone or in any batch.
+//
+// Bandwidth: K and V bytes are read once per (job, kv head). With few jobs
+// (single-stream decode) only n_kv_heads blocks run, so long contexts are
+// latency-bound; a fixed split over keys with a second merge pass (needs a
+// workspace) is the next step there.
+#include <algorithm>
+
+#include "cuda/common_impl.cuh"
+
+namespace ferry::cuda {
+namespace {
+
+using namespace detail;
+using Kind = kernels::KvFormat::Kind;
+
+constexpr int kWarps = 8;
+
+// One side (K or V) of one kv head, with the plane pointers advanced to the head.
+struct SideView {
+  const uint8_t* p[3];
+  size_t unit[3];
+  Kind kind;
+  int bits, group;
+  __device__ void init(const kernels::KvSide& s, uint32_t h) {
+    for (int i = 0; i < 3; ++i) {
+      p[i] = s.plane[i] + h * s.head_stride[i];
+      unit[i] = s.unit[i];
+    }
+    kind = s.format.kind;
+    bits = s.format.bits;
+    group = s.format.group;
+  }
+};
+
+// Elements [i0, i0 + N) of token slot j, decoded exactly as
+// kernels/kv_decode.h (affine: scale * code, then + bias, each rounded).
+// i0 is a multiple of N, and N divides 16, so the run lies in one group.
+template <int N>
+__device__ __forceinline__ void decode_run(const SideView& s, size_t j, uint32_t i0, float* out) {
+  const uint8_t* row = s.p[0] + j * s.unit[0];
+  switch (s.kind) {
+    case Kind::F32: {
+      const auto b = load_bytes<4 * N>(row + 4 * i0);
+#pragma unroll
+      for (int i = 0; i < N; ++i) out[i] = __uint_as_float(b.w[i]);
+      return;
+    }
+    case Kind::F16:
+    case Kind::BF16: {
+      const auto b = load_bytes<2 * N>(row + 2 * i0);
+      const bool f16 = s.kind == Kind::F16;
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        const uint16_t h = static_cast<uint16_t>(b.field(i, 16));
+        out[i] = f16 ? h2f(h) : bf2f(h);
+      }
+      return;
+    }
+    case Kind::Affine: {
+      const uint32_t g = i0 / s.group;
+      const float sc = h2f(static_cast<uint16_t>(ld_u16(s.p[1] + j * s.unit[1] + 2 * g)));
+      const float bi = h2f(static_cast<uint16_t>(ld_u16(s.p[2] + j * s.unit[2] + 2 * g)));
+      if (s.bits == 4) {
+        const auto b = load_bytes<N / 2>(row + i0 / 2);
+#pragma unroll
+        for (int i = 0; i < N; ++i) out[i] = __fadd_rn(__fmul_rn(sc, static_cast<float>(b.field(i, 4))), bi);
+      } else {
+        const auto b = load_bytes<N>(row + i0);
+#pragma unroll
+        for (int i = 0; i < N; ++i) out[i] = __fadd_rn(__fmul_rn(sc, static_cast<float>(b.field(i, 8))), bi);
+      }
+      return;
+    }
+  }
+}
+
+// kG: query heads per block (rounded-up power of two, <= 8); kE: output
+// dimensions per lane (2, 4 or 8: the smallest with D <= 32 * kE).
+// Dynamic shared memory: q [kG][D], acc [kG][D], m [kG], l [kG] floats.
+template <int kG, int kE>
+__global__ void __launch_bounds__(kWarps * 32)
+    attention_kernel(const AttentionJob* jobs, uint32_t n_heads, uint32_t group_heads, uint32_t D, float scale) {
+  extern __shared__ __align__(16) float smem[];
+  float* q_s = smem;
+  float* acc_s = q_s + kG * D;
+  float* m_s = acc_s + kG * D;
+  float* l_s = m_s + kG;
+  // The job, copied once (AttentionJob has member initialisers, so it cannot
+  // be a __shared__ variable itself).
+  __shared__ __align__(16) unsigned char job_raw[sizeof(AttentionJob)];
+  const AttentionJob& job = *reinterpret_cast<const AttentionJob*>(job_raw);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint32_t kvh = blockIdx.y;
+  const uint32_t h0 = kvh * group_heads + blockIdx.z * kG;  // first query head
+  const int gh = static_cast<int>(min(static_cast<uint32_t>(kG), group_heads - blockIdx.z * kG));
+  if (threadIdx.x < sizeof(AttentionJob) / 4)
+    reinterpret_cast<uint32_t*>(job_raw)[threadIdx.x] = reinterpret_cast<const uint32_t*>(jobs + blockIdx.x)[threadIdx.x];
+  __syncthreads();
+  for (uint32_t i = threadIdx.x; i < kG * D; i += kWarps * 32) {
+    const uint32_t h = i / D;
+    q_s[i] = h < static_cast<uint32_t>(gh) ? job.q[size_t{h0 + h} * D + i % D] : 0.0f;
+  }
+  __syncthreads();
+  (void)n_heads;
+
+  SideView K, V;
+  K.init(job.k, kvh);
+  V.init(job.v, kvh);
+  const size_t b0 = job.seg[0].begin, len0 = job.seg[0].end - job.seg[0].begin;
+  const size_t b1 = job.seg[1].begin;
+  const size_t n_keys = len0 + (job.seg[1].end - job.seg[1].begin);
+  auto slot_of = [&](size_t n) { return n < len0 ? b0 + n : b1 + (n - len0); };
+
+  const uint32_t d0 = lane * kE;  // this lane's output dims [d0, d0 + kE)
+  const bool v_lane = d0 < D;
+  float m[kG], l[kG], acc[kG][kE];
+#pragma unroll
+  for (int h = 0; h < kG; ++h) {
+    m[h] = -INFINITY;
+    l[h] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kE; ++e) acc[h][e] = 0.0f;
+  }
+
+  for (size_t t0 = size_t{32} * warp; t0 < n_keys; t0 += size_t{32} * kWarps) {
+    const size_t n = t0 + lane;
+    const bool valid = n < n_keys;
+    // Scores of this lane's key: canonical chunks of 16, FMA in element order.
+    float s[kG];
+#pragma unroll
+    for (int h = 0; h < kG; ++h) s[h] = 0.0f;
+    if (valid) {
+      const size_t j = slot_of(n);
+#pragma unroll 2
+      for (uint32_t c = 0; c < D; c += 16) {
+        float kv[16];
+        decode_run<16>(K, j, c, kv);
+#pragma unroll
+        for (int h = 0; h < kG; ++h) {
+          const float4* q4 = reinterpret_cast<const float4*>(q_s + h * D + c);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float4 qv = q4[e];
+            s[h] = __fmaf_rn(qv.x, kv[4 * e], s[h]);
+            s[h] = __fmaf_rn(qv.y, kv[4 * e + 1], s[h]);
+            s[h] = __fmaf_rn(qv.z, kv[4 * e + 2], s[h]);
+            s[h] = __fmaf_rn(qv.w, kv[4 * e + 3], s[h]);
+          }
+        }
+      }
+    }
+    // Online softmax over the tile (every lane ends with the same m, l).
+    float p[kG];
+#pragma unroll
+    for (int h = 0; h < kG; ++h) {
+      const float sc = valid ? __fmul_rn(s[h], scale) : -INFINITY;
+      const float m_new = fmaxf(m[h], warp_max(sc));  // finite: the tile has a key
+      const float corr = expf(m[h] - m_new);          // 0 on the first tile (m = -inf)
+      p[h] = valid ? expf(sc - m_new) : 0.0f;
+      l[h] = __fadd_rn(__fmul_rn(l[h], corr), warp_sum(p[h]));
+      m[h] = m_new;
+#pragma unroll
+      for (int e = 0; e < kE; ++e) acc[h][e] = __fmul_rn(acc[h][e], corr);
+    }
+    // p * V over the tile's keys in order; lanes split the dimensions.
+    const int nt = static_cast<int>(min(size_t{32}, n_keys - t0));
+#pragma unroll 4
+    for (int t = 0; t < nt; ++t) {
+      float vv[kE];
+      if (v_lane) decode_run<kE>(V, slot_of(t0 + t), d0, vv);
+#pragma unroll
+      for (int h = 0; h < kG; ++h) {
+        const float pt = __shfl_sync(0xffffffffu, p[h], t);
+        if (v_lane) {
+#pragma unroll
+          for (int e = 0; e < kE; ++e) acc[h][e] = __fmaf_rn(pt, vv[e], acc[h][e]);
+        }
+      }
+    }
+  }
+
+  // Fold warps into the shared state in order 0, 1, ..., kWarps - 1.
+  for (int w = 0; w < kWarps; ++w) {
+    if (warp == w) {
+#pragma unroll
+      for (int h = 0; h < kG; ++h) {
+        if (w == 0) {
+          if (lane == 0) {
+            m_s[h] = m[h];
+            l_s[h] = l[h];
+          }
+          if (v_lane)
+            for (int e = 0; e < kE; ++e) acc_s[h * D + d0 + e] = acc[h][e];
+        } else {
+          const float ms = m_s[h], mm = fmaxf(ms, m[h]);
+          // Both empty (-inf): nothing to fold, and -inf - -inf would be NaN.
+          const float a = mm == -INFINITY ? 1.0f : expf(ms - mm);
+          const float b = mm == -INFINITY ? 0.0f : expf(m[h] - mm);
+          if (v_lane)
+            for (int e = 0; e < kE; ++e)
+              acc_s[h * D + d0 + e] = __fadd_rn(__fmul_rn(acc_s[h * D + d0 + e], a), __fmul_rn(acc[h][e], b));
+          __syncwarp();  // every lane read m_s before lane 0 rewrites it
+          if (lane == 0) {
+            m_s[h] = mm;
+            l_s[h] = __fadd_rn(__fmul_rn(l_s[h], a), __fmul_rn(l[h], b));
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  for (uint32_t i = threadIdx.x; i < gh * D; i += kWarps * 32) {
+    const uint32_t h = i / D;
+    const float inv = l_s[h] > 0.0f ? __fdiv_rn(1.0f, l_s[h]) : 0.0f;  // no keys: zeros
+    job.out[size_t{h0 + h} * D + i % D] = __fmul_rn(acc_s[i], inv);
+  }
+}
+
+template <int kG, int kE>
+void launch(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& s, uint32_t group_heads,
+            cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(n_jobs), static_cast<unsigned>(s.n_kv_heads),
+                  static_cast<unsigned>((group_heads + kG - 1) / kG));
+  const size_t smem = (2 * kG * s.head_dim + 2 * kG) * sizeof(float);
+  attention_kernel<kG, kE><<<grid, kWarps * 32, smem, stream>>>(jobs, static_cast<uint32_t>(s.n_heads), group_heads,
+                                                                static_cast<uint32_t>(s.head_dim), s.scale);
+  FERRY_CUDA_LAUNCHED("attention_kernel");
+}
+
+template <int kE>
+void launch_e(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& s, uint32_t group_heads,
+              cudaStream_t stream) {
+  if (group_heads == 1) return launch<1, kE>(jobs, n_jobs, s, group_heads, stream);
+  if (group_heads == 2) return launch<2, kE>(jobs, n_jobs, s, group_heads, stream);
+  if (group_heads <= 4) return launch<4, kE>(jobs, n_jobs, s, group_heads, stream);
+  return launch<8, kE>(jobs, n_jobs, s, group_heads, stream);
+}
+
+}  // namespace
+
+void attention(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& shape,
+               cudaStream_t stream) {
+  if (n_jobs == 0) return;
+  const size_t D = shape.head_dim;
+  FERRY_CHECK(D % 16 == 0 && D > 0 && D <= 256, "attention", "head_dim=", D);
+  FERRY_CHECK(shape.n_kv_heads > 0 && shape.n_kv_heads <= 65535 && shape.n_heads % shape.n_kv_heads == 0,
+              "attention", "n_heads=", shape.n_heads, " n_kv_heads=", shape.n_kv_heads);
+  FERRY_CHECK(n_jobs <= 0x7fffffffu, "attention", n_jobs, " jobs");
+  static_assert(sizeof(AttentionJob) % 4 == 0 && sizeof(AttentionJob) / 4 <= kWarps * 32);
+  const uint32_t group_heads = static_cast<uint32_t>(shape.n_heads / shape.n_kv_heads);
+  if (D <= 64) return launch_e<2>(jobs, n_jobs, shape, group_heads, stream);
+  if (D <= 128) return launch_e<4>(jobs, n_jobs, shape, group_heads, stream);
+  return launch_e<8>(jobs, n_jobs, shape, group_heads, stream);
+}
+
+}  // namespace ferry::cuda

@@ -1,0 +1,40 @@
+#include <cuda_fp16.h>
+
+#include "cuda/cuda_internal.h"
+#include "cuda/cuda_ops.h"
+
+namespace ferry::cuda {
+
+namespace {
+
+__global__ void gather_rows_kernel(const float* __restrict__ x, const uint32_t* __restrict__ rows,
+                                   size_t dim, float* __restrict__ out) {
+  const float* src = x + static_cast<size_t>(rows[blockIdx.x]) * dim;
+  float* dst = out + static_cast<size_t>(blockIdx.x) * dim;
+  for (size_t i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = src[i];
+}
+
+__global__ void f32_to_f16_kernel(const float* __restrict__ x, size_t n,
+                                  __half* __restrict__ out) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    out[i] = __float2half_rn(x[i]);
+}
+
+}  // namespace
+
+void gather_rows(const float* x, const uint32_t* rows, size_t n_rows, size_t dim, float* out,
+                 cudaStream_t stream) {
+  if (n_rows == 0) return;
+  gather_rows_kernel<<<static_cast<unsigned>(n_rows), 256, 0, stream>>>(x, rows, dim, out);
+  check(cudaGetLastError(), "gather_rows", __FILE__, __LINE__);
+}
+
+void f32_to_f16(const float* x, size_t n, uint16_t* out, cudaStream_t stream) {
+  if (n == 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 65535));
+  f32_to_f16_kernel<<<blocks, 256, 0, stream>>>(x, n, reinterpret_cast<__half*>(out));
+  check(cudaGetLastError(), "f32_to_f16", __FILE__, __LINE__);
+}
+
+}  // namespace ferry::cuda

@@ -1,0 +1,361 @@
+#include "cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "core/error.h"
+#include "cuda/cuda_internal.h"
+#include "cuda/cuda_ops.h"
+
+namespace ferry::cuda {
+
+namespace {
+
+void check_blas(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS) fail("cuda", what, ": cuBLAS status ", static_cast<int>(st));
+}
+
+// cudaMalloc that reports exhaustion as std::bad_alloc (what KV
+// allocators promise) and other failures as ferry::Error.
+void* device_alloc(size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // clear the sticky-free error state
+    throw std::bad_alloc();
+  }
+  FERRY_CUDA_CHECK(e);
+  return p;
+}
+
+struct DeviceBuffer final : kv::KvBuffer {
+  ~DeviceBuffer() override { cudaFree(data); }  // waits for work in flight
+};
+
+// KV bytes in device memory; every move is a device copy on the backend's
+// stream, ordered with the kernels that read and write the planes.
+class DeviceKvAllocator final : public kv::KvAllocator {
+ public:
+  explicit DeviceKvAllocator(cudaStream_t stream) : stream_(stream) {}
+  ~DeviceKvAllocator() override { cudaFree(temp_); }
+
+  std::shared_ptr<kv::KvBuffer> allocate(size_t bytes) override {
+    auto b = std::make_shared<DeviceBuffer>();
+    b->data = static_cast<uint8_t*>(device_alloc(bytes));
+    b->size = bytes;
+    FERRY_CUDA_CHECK(cudaMemsetAsync(b->data, 0, bytes, stream_));
+    return b;
+  }
+
+  void copy_2d(uint8_t* dst, size_t dpitch, const uint8_t* src, size_t spitch, size_t width,
+               size_t height) override {
+    if (width == 0 || height == 0 || dst == src) return;
+    if (height == 1) {
+      // cudaMemcpyAsync handles overlap within one run only through a
+      // bounce; do that for a move of overlapping bytes.
+      if (dst < src + width && src < dst + width) {
+        uint8_t* t = temp(width);
+        FERRY_CUDA_CHECK(cudaMemcpyAsync(t, src, width, cudaMemcpyDeviceToDevice, stream_));
+        src = t;
+      }
+      FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, src, width, cudaMemcpyDeviceToDevice, stream_));
+      return;
+    }
+    const uint8_t* s_end = src + (height - 1) * spitch + width;
+    const uint8_t* d_end = dst + (height - 1) * dpitch + width;
+    if (dst < s_end && src < d_end) {  // a move within one buffer: bounce
+      uint8_t* t = temp(width * height);
+      FERRY_CUDA_CHECK(cudaMemcpy2DAsync(t, width, src, spitch, width, height,
+                                         cudaMemcpyDeviceToDevice, stream_));
+      src = t;
+      spitch = width;
+    }
+    FERRY_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height,
+                                       cudaMemcpyDeviceToDevice, stream_));
+  }
+
+  bool host_accessible() const override { return false; }
+
+  size_t memory_hint() const override {
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
+    // Leave a tenth (at least 1 GiB) for activations, cuBLAS workspaces and
+    // row-operation rebuilds.
+    const size_t keep = std::max<size_t>(free / 10, size_t{1} << 30);
+    return free > keep ? free - keep : 0;
+  }
+
+ private:
+  uint8_t* temp(size_t bytes) {
+    if (bytes > temp_size_) {
+      FERRY_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old bounce may be in use
+      cudaFree(temp_);
+      temp_ = nullptr;
+      temp_ = static_cast<uint8_t*>(device_alloc(bytes));
+      temp_size_ = bytes;
+    }
+    return temp_;
+  }
+  cudaStream_t stream_;
+  uint8_t* temp_ = nullptr;
+  size_t temp_size_ = 0;
+};
+
+// A device buffer that grows (contents are not kept) and is freed with
+// its owner.
+struct Growable {
+  void* ptr = nullptr;
+  size_t size = 0;
+  void* get(size_t bytes, cudaStream_t stream) {
+    if (bytes > size) {
+      FERRY_CUDA_CHECK(cudaStreamSynchronize(stream));
+      cudaFree(ptr);
+      ptr = nullptr;
+      size = 0;
+      const size_t grown = std::max(bytes, size * 2);
+      ptr = device_alloc(grown);
+      size = grown;
+    }
+    return ptr;
+  }
+  ~Growable() { cudaFree(ptr); }
+};
+
+class CudaBackend final : public model::Backend {
+ public:
+  explicit CudaBackend(const CudaOptions& opts) : opts_(opts) {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0)
+      fail("cuda", "no CUDA device is usable (",
+           e == cudaSuccess ? "none found" : cudaGetErrorString(e), ")");
+    if (opts.device < 0 || opts.device >= n)
+      fail("cuda", "device ", opts.device, " does not exist (", n, " visible)");
+    FERRY_CUDA_CHECK(cudaSetDevice(opts.device));
+    FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    check_blas(cublasCreate(&blas_), "cublasCreate");
+    check_blas(cublasSetStream(blas_, stream_), "cublasSetStream");
+    cudaDeviceProp prop{};
+    FERRY_CUDA_CHECK(cudaGetDeviceProperties(&prop, opts.device));
+    name_ = std::string("cuda:") + std::to_string(opts.device) + " (" + prop.name + ")";
+    kv_alloc_ = std::make_shared<DeviceKvAllocator>(stream_);
+  }
+
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    for (void* p : owned_) cudaFree(p);
+    cudaFreeHost(pinned_);
+    cublasDestroy(blas_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override { return name_; }
+
+  kernels::WeightView weight(const kernels::WeightView& host) override {
+    kernels::WeightView d = host;
+    const size_t bytes = host.row_bytes() * host.n_out;
+    void* p = device_alloc(bytes);
+    owned_.push_back(p);
+    FERRY_CUDA_CHECK(cudaMemcpy(p, host.data, bytes, cudaMemcpyHostToDevice));
+    d.data = static_cast<const uint8_t*>(p);
+    return d;
+  }
+
+  const float* vector(const float* host, size_t n) override {
+    void* p = device_alloc(n * sizeof(float));
+    owned_.push_back(p);
+    FERRY_CUDA_CHECK(cudaMemcpy(p, host, n * sizeof(float), cudaMemcpyHostToDevice));
+    return static_cast<const float*>(p);
+  }
+
+  std::shared_ptr<kv::KvAllocator> kv_allocator() const override { return kv_alloc_; }
+
+  void activations(std::span<const size_t> sizes, std::span<float*> out) override {
+    FERRY_CHECK(sizes.size() == out.size(), "cuda", "activations: ", sizes.size(), " sizes for ",
+                out.size(), " buffers");
+    // A step starts here: the previous one has been read back (to_host
+    // synchronised), so the staging area can be reused from its start.
+    FERRY_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    staged_ = 0;
+    auto rounded = [](size_t n) { return (n + 63) / 64 * 64; };  // 256-byte aligned
+    size_t total = 0;
+    for (size_t n : sizes) total += rounded(n);
+    float* p = static_cast<float*>(arena_.get(total * sizeof(float), stream_));
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      out[i] = p;
+      p += rounded(sizes[i]);
+    }
+  }
+
+  void embed(const kernels::WeightView& table, std::span<const int32_t> host_tokens,
+             float* out) override {
+    const int32_t* tokens = upload(host_tokens);
+    cuda::embed(table.data, table.type, table.n_in, tokens, host_tokens.size(), out, stream_);
+  }
+
+  void rmsnorm(const float* x, const float* w, size_t n_rows, size_t dim, float eps,
+               float* out) override {
+    cuda::rmsnorm(x, w, n_rows, dim, eps, out, stream_);
+  }
+
+  void matmul(const kernels::WeightView& w, const float* x, size_t n_rows, float* y) override {
+    if (opts_.deterministic || n_rows <= kFastMatvecRows) {
+      cuda::matmul_gguf(w.data, w.type, w.n_in, w.n_out, x, n_rows, y, stream_);
+      return;
+    }
+    matmul_cublas(w, x, n_rows, y);
+  }
+
+  void rope(float* x, size_t n_heads, size_t head_dim, std::span<const int32_t> host_pos,
+            const float* inv_freq) override {
+    const int32_t* pos = upload(host_pos);
+    cuda::rope(x, host_pos.size(), n_heads, head_dim, pos, inv_freq, stream_);
+  }
+
+  void silu_mul(float* gate, const float* up, size_t n) override {
+    cuda::silu_mul(gate, up, n, stream_);
+  }
+
+  void add_inplace(float* x, const float* y, size_t n) override {
+    cuda::add_inplace(x, y, n, stream_);
+  }
+
+  void gather_rows(const float* x, std::span<const size_t> host_rows, size_t dim,
+                   float* out) override {
+    std::vector<uint32_t> rows(host_rows.begin(), host_rows.end());
+    const uint32_t* d_rows = upload(std::span<const uint32_t>(rows));
+    cuda::gather_rows(x, d_rows, rows.size(), dim, out, stream_);
+  }
+
+  void kv_write(kv::BatchKv& kv, size_t layer, std::span<const model::TokenPlace> places,
+                const float* k, const float* v) override {
+    writes_.resize(places.size());
+    for (size_t t = 0; t < places.size(); ++t) {
+      const kv::BatchKv::WriteTarget w = kv.write_target(layer, places[t].row, places[t].i);
+      writes_[t] = KvWrite{w.k, w.v, static_cast<uint32_t>(w.slot), static_cast<uint32_t>(t)};
+    }
+    const KvWrite* d = upload(std::span<const KvWrite>(writes_));
+    cuda::kv_store(d, writes_.size(), kv.spec().n_kv_heads, kv.spec().head_dim, k, v, stream_);
+  }
+
+  void attention(const kv::BatchKv& kv, size_t layer, std::span<const model::TokenPlace> places,
+                 const kernels::AttentionShape& shape, const float* q, float* out) override {
+    const size_t q_dim = shape.n_heads * shape.head_dim;
+    jobs_.resize(places.size());
+    for (size_t t = 0; t < places.size(); ++t) {
+      kernels::KvSide ks, vs;
+      const kernels::AttentionTask task =
+          kv.attention_task(layer, places[t].row, places[t].i, &ks, &vs);
+      AttentionJob& j = jobs_[t];
+      j.q = q + t * q_dim;
+      j.out = out + t * q_dim;
+      j.k = ks;
+      j.v = vs;
+      j.seg[0] = task.seg[0];
+      j.seg[1] = task.seg[1];
+    }
+    const AttentionJob* d = upload(std::span<const AttentionJob>(jobs_));
+    cuda::attention(d, jobs_.size(), shape, stream_);
+  }
+
+  void to_host(const float* x, size_t n, float* host_out) override {
+    if (n > 0)
+      FERRY_CUDA_CHECK(
+          cudaMemcpyAsync(host_out, x, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    FERRY_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  // Rows up to which ferry's bandwidth-bound kernel beats a GEMM library
+  // even in fast mode (weights are read once per step either way).
+  static constexpr size_t kFastMatvecRows = 8;
+
+  // y = x W^T through cuBLAS: W row-major [n_out, n_in] is column-major
+  // [n_in, n_out], so Y^T (column-major [n_out, rows]) = op_T(W) * X^T.
+  void matmul_cublas(const kernels::WeightView& w, const float* x, size_t n_rows, float* y) {
+    const int m = static_cast<int>(w.n_out), n = static_cast<int>(n_rows),
+              k = static_cast<int>(w.n_in);
+    const float one = 1.0f, zero = 0.0f;
+    if (w.type == DType::F32) {
+      check_blas(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one,
+                             reinterpret_cast<const float*>(w.data), k, x, k, &zero, y, m),
+                 "cublasSgemm");
+      return;
+    }
+    // bf16 operands, f32 accumulation and output.
+    const void* a = w.data;
+    cudaDataType_t a_type = CUDA_R_16BF;
+    if (w.type == DType::F16) {
+      a_type = CUDA_R_16F;
+    } else if (w.type != DType::BF16) {
+      uint16_t* deq = static_cast<uint16_t*>(dequant_.get(w.n_in * w.n_out * 2, stream_));
+      cuda::dequantize_bf16(w.data, w.type, w.n_in, w.n_out, deq, stream_);
+      a = deq;
+    }
+    uint16_t* xb = static_cast<uint16_t*>(xconv_.get(n_rows * w.n_in * 2, stream_));
+    if (a_type == CUDA_R_16F)
+      cuda::f32_to_f16(x, n_rows * w.n_in, xb, stream_);
+    else
+      cuda::f32_to_bf16(x, n_rows * w.n_in, xb, stream_);
+    check_blas(
+        cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, a, a_type, k, xb, a_type, k,
+                     &zero, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx");
+  }
+
+  // Copies a small host array to device memory for the next kernel,
+  // through pinned staging (reset at each step's start).
+  template <class T>
+  const T* upload(std::span<const T> host) {
+    const size_t bytes = host.size_bytes(), at = (staged_ + 255) / 256 * 256;
+    if (at + bytes > pinned_size_) {
+      // Growing invalidates staged copies: wait for the kernels using them.
+      FERRY_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      const size_t grown = std::max<size_t>(2 * (at + bytes), size_t{1} << 20);
+      cudaFreeHost(pinned_);
+      pinned_ = nullptr;
+      pinned_size_ = 0;
+      FERRY_CUDA_CHECK(cudaMallocHost(&pinned_, grown));
+      pinned_size_ = grown;
+      staging_.get(grown, stream_);
+    }
+    uint8_t* h = static_cast<uint8_t*>(pinned_) + at;
+    uint8_t* d = static_cast<uint8_t*>(staging_.ptr) + at;
+    if (bytes > 0) {
+      std::memcpy(h, host.data(), bytes);
+      FERRY_CUDA_CHECK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, stream_));
+    }
+    staged_ = at + bytes;
+    return reinterpret_cast<const T*>(d);
+  }
+
+  CudaOptions opts_;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  std::shared_ptr<DeviceKvAllocator> kv_alloc_;
+  std::vector<void*> owned_;  // weights and vectors
+  Growable arena_, staging_, dequant_, xconv_;
+  void* pinned_ = nullptr;
+  size_t pinned_size_ = 0, staged_ = 0;
+  std::vector<KvWrite> writes_;
+  std::vector<AttentionJob> jobs_;
+};
+
+}  // namespace
+
+std::unique_ptr<model::Backend> make_backend(const CudaOptions& opts) {
+  return std::make_unique<CudaBackend>(opts);
+}
+
+bool device_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+}  // namespace ferry::cuda

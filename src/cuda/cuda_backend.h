@@ -1,0 +1,37 @@
+// The CUDA backend: model::Backend on one NVIDIA GPU (docs/CUDA.md).
+//
+// Weights are copied to the device at set_backend() in their GGUF types
+// (quantized blocks stay quantized). Activations live in one device arena;
+// the KV cache's planes are device memory from kv_allocator(), so BatchKv's
+// row operations (merge, extend, filter, extract, align, rollback) run as
+// device copies with the same bytes as on the CPU. Ops enqueue on one
+// stream; the only host synchronisation of a step is the logits' copy
+// back (to_host).
+//
+// Modes:
+// - deterministic (default): every product runs ferry's own kernels
+//   (cuda_ops.h), whose reduction order per output is fixed, so a row's
+//   logits are bit-identical whatever else is in the batch;
+// - fast: products of more than a few rows go through cuBLAS in bf16
+//   (whose kernel choice depends on the batch size), for throughput.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "model/backend.h"
+
+namespace ferry::cuda {
+
+struct CudaOptions {
+  int device = 0;
+  bool deterministic = true;
+};
+
+// Throws ferry::Error("[cuda] ...") when no usable GPU is present.
+std::unique_ptr<model::Backend> make_backend(const CudaOptions& opts);
+
+// Whether this build can run CUDA and a device is visible (never throws).
+bool device_available();
+
+}  // namespace ferry::cuda

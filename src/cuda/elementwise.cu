@@ -1,0 +1,115 @@
+// Row and elementwise ops: rmsnorm, rope, silu_mul, add_inplace, f32_to_bf16.
+// Each element's arithmetic is the CPU's (kernels/ops.cpp) written with
+// explicitly rounded intrinsics, so nvcc's FMA contraction cannot change it;
+// only rmsnorm's sum of squares (a block tree) and the libm-style functions
+// (expf, cosf, sinf: within 2 ulp of the CPU's) differ from the CPU.
+#include "core/error.h"
+#include "cuda/common_impl.cuh"
+
+namespace ferry::cuda {
+namespace {
+
+using namespace detail;
+
+// One block per row. Thread t sums x[i]^2 for i = t, t + 256, ... with FMA in
+// increasing i, then the block reduces the 256 partials by a fixed tree
+// (warp butterflies, then warp 0 over the 8 warp sums). The order depends
+// only on dim, so a row's result is the same in any batch.
+constexpr int kNormThreads = 256;
+__global__ void __launch_bounds__(kNormThreads)
+    rmsnorm_kernel(const float* x, const float* w, uint32_t dim, float eps, float* out) {
+  __shared__ float warp_ss[kNormThreads / 32];
+  __shared__ float scale_s;
+  const float* xr = x + size_t{blockIdx.x} * dim;
+  float ss = 0.0f;
+  for (uint32_t i = threadIdx.x; i < dim; i += kNormThreads) ss = __fmaf_rn(xr[i], xr[i], ss);
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) warp_ss[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float v = threadIdx.x < kNormThreads / 32 ? warp_ss[threadIdx.x] : 0.0f;
+    v = warp_sum(v);
+    // The CPU formula: 1 / sqrt(ss / dim + eps), each step IEEE-rounded.
+    if (threadIdx.x == 0)
+      scale_s = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(v, static_cast<float>(dim)), eps)));
+  }
+  __syncthreads();  // also orders every read of x before the writes (out may alias x)
+  const float scale = scale_s;
+  float* o = out + size_t{blockIdx.x} * dim;
+  for (uint32_t i = threadIdx.x; i < dim; i += kNormThreads) o[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+}
+
+// One thread per (row, head, pair): pairs (2i, 2i+1) rotate by pos[row] * inv_freq[i].
+__global__ void rope_kernel(float* x, size_t n_pairs, uint32_t n_heads, uint32_t half,
+                            const int32_t* pos, const float* inv_freq) {
+  for (size_t t = blockIdx.x * size_t{blockDim.x} + threadIdx.x; t < n_pairs;
+       t += size_t{gridDim.x} * blockDim.x) {
+    const uint32_t i = static_cast<uint32_t>(t % half);
+    const size_t row = t / half / n_heads;
+    const float theta = __fmul_rn(static_cast<float>(pos[row]), inv_freq[i]);
+    const float c = cosf(theta), s = sinf(theta);
+    float2* v = reinterpret_cast<float2*>(x) + t;  // pair t is floats 2t, 2t+1
+    const float2 ab = *v;
+    *v = make_float2(__fsub_rn(__fmul_rn(ab.x, c), __fmul_rn(ab.y, s)),
+                     __fadd_rn(__fmul_rn(ab.x, s), __fmul_rn(ab.y, c)));
+  }
+}
+
+__global__ void silu_mul_kernel(float* gate, const float* up, size_t n) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    const float g = gate[i];
+    gate[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[i]);
+  }
+}
+
+__global__ void add_kernel(float* x, const float* y, size_t n) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
+    x[i] = __fadd_rn(x[i], y[i]);
+}
+
+__global__ void f32_to_bf16_kernel(const float* x, size_t n, uint16_t* out) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
+    out[i] = f2bf(x[i]);
+}
+
+constexpr unsigned kThreads = 256;
+
+}  // namespace
+
+void rmsnorm(const float* x, const float* w, size_t n_rows, size_t dim, float eps, float* out,
+             cudaStream_t stream) {
+  if (n_rows == 0) return;
+  FERRY_CHECK(n_rows <= 0x7fffffffu && dim > 0 && dim <= 0xffffffffu, "rmsnorm", "rows=", n_rows, " dim=", dim);
+  rmsnorm_kernel<<<static_cast<unsigned>(n_rows), kNormThreads, 0, stream>>>(x, w, static_cast<uint32_t>(dim), eps, out);
+  FERRY_CUDA_LAUNCHED("rmsnorm_kernel");
+}
+
+void rope(float* x, size_t n_rows, size_t n_heads, size_t head_dim, const int32_t* pos,
+          const float* inv_freq, cudaStream_t stream) {
+  FERRY_CHECK(head_dim % 2 == 0, "rope", "odd head_dim ", head_dim);
+  const size_t n_pairs = n_rows * n_heads * (head_dim / 2);
+  if (n_pairs == 0) return;
+  rope_kernel<<<elementwise_blocks(n_pairs, kThreads), kThreads, 0, stream>>>(
+      x, n_pairs, static_cast<uint32_t>(n_heads), static_cast<uint32_t>(head_dim / 2), pos, inv_freq);
+  FERRY_CUDA_LAUNCHED("rope_kernel");
+}
+
+void silu_mul(float* gate, const float* up, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  silu_mul_kernel<<<elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(gate, up, n);
+  FERRY_CUDA_LAUNCHED("silu_mul_kernel");
+}
+
+void add_inplace(float* x, const float* y, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  add_kernel<<<elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(x, y, n);
+  FERRY_CUDA_LAUNCHED("add_kernel");
+}
+
+void f32_to_bf16(const float* x, size_t n, uint16_t* out, cudaStream_t stream) {
+  if (n == 0) return;
+  f32_to_bf16_kernel<<<elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(x, n, out);
+  FERRY_CUDA_LAUNCHED("f32_to_bf16_kernel");
+}
+
+}  // namespace ferry::cuda

@@ -1,0 +1,296 @@
+// The CUDA backend against the CPU, model-level (tools/cuda/test.sh runs
+// this on a GPU machine; CI has none):
+// - logits of every tiny model and SmolLM2 within a stated tolerance of the
+//   CPU's, and greedy continuations identical;
+// - the KV layer's row operations on device memory leave the same bytes as
+//   on the host;
+// - the randomized join/leave/rollback schedule (tests/model) bit for bit
+//   on the GPU in deterministic mode.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+
+#include "cuda/cuda_backend.h"
+#include "model/schedule_harness.h"
+
+namespace ferry::model {
+namespace {
+
+std::unique_ptr<Model> gpu_model(const std::string& path, bool deterministic = true) {
+  auto m = load_model(path);
+  cuda::CudaOptions o;
+  o.deterministic = deterministic;
+  m->set_backend(cuda::make_backend(o));
+  return m;
+}
+
+// Runs `prompt` then `steps` greedy tokens (chosen by the CPU run, fed to
+// both), returning every step's logits.
+std::vector<std::vector<float>> trajectory(const Model& m, const kernels::Context& ctx,
+                                           const std::vector<int32_t>& prompt,
+                                           const std::vector<int32_t>& forced, size_t steps,
+                                           std::vector<int32_t>* chosen) {
+  kv::BatchKv kv(m.config().kv_spec(kernels::KvFormat::f32(), kernels::KvFormat::f32()),
+                 m.kv_allocator());
+  const size_t len = prompt.size(), V = m.config().vocab_size;
+  kv.prepare_prefill(std::span<const size_t>(&len, 1));
+  std::vector<float> logits;
+  RowInput in{prompt};
+  m.forward(ctx, kv, std::span<const RowInput>(&in, 1), logits);
+  kv.finalize_prefill();
+  std::vector<std::vector<float>> out;
+  for (size_t s = 0; s < steps; ++s) {
+    out.emplace_back(logits.begin(), logits.begin() + V);
+    const int32_t greedy = static_cast<int32_t>(argmax(logits.data(), V));
+    if (chosen) chosen->push_back(greedy);
+    const int32_t next = forced.empty() ? greedy : forced[s];
+    in = RowInput{std::span<const int32_t>(&next, 1)};
+    m.forward(ctx, kv, std::span<const RowInput>(&in, 1), logits);
+  }
+  return out;
+}
+
+// Max |gpu - cpu| over all steps, relative to the largest |cpu| logit.
+double max_rel_diff(const std::vector<std::vector<float>>& a,
+                    const std::vector<std::vector<float>>& b) {
+  double diff = 0, scale = 1e-30;
+  for (size_t s = 0; s < a.size(); ++s)
+    for (size_t i = 0; i < a[s].size(); ++i) {
+      diff = std::max(diff, static_cast<double>(std::fabs(a[s][i] - b[s][i])));
+      scale = std::max(scale, static_cast<double>(std::fabs(a[s][i])));
+    }
+  return diff / scale;
+}
+
+// The GPU sums in another order than the CPU (warp-strided lanes and
+// butterfly trees against 16-lane canonical sums), both in float32; through
+// a model's layers such differences stay around 1e-6 of the logits' scale.
+// The bound is the one the CPU itself meets against transformers
+// (docs/PARITY.md), as a fraction of the largest logit.
+constexpr double kTinyTolerance = 1e-4, kSmolTolerance = 5e-4;
+
+class TinyGpuTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(TinyGpuTest, LogitsMatchCpuAndGreedyAgrees) {
+  const std::string path = test::data_path(std::string("models/") + GetParam() + ".gguf");
+  auto cpu = load_model(path);
+  auto gpu = gpu_model(path);
+  ThreadPool pool(2);
+  kernels::Context ctx{&pool, best_cpu_path()};
+  std::mt19937 rng(7);
+  for (size_t len : {1u, 5u, 23u}) {
+    std::vector<int32_t> prompt(len);
+    for (auto& t : prompt) t = static_cast<int32_t>(rng() % cpu->config().vocab_size);
+    std::vector<int32_t> cpu_tokens, gpu_tokens;
+    auto ref = trajectory(*cpu, ctx, prompt, {}, 24, &cpu_tokens);
+    auto got = trajectory(*gpu, ctx, prompt, cpu_tokens, 24, &gpu_tokens);
+    const double d = max_rel_diff(ref, got);
+    EXPECT_LE(d, kTinyTolerance) << GetParam() << " prompt " << len;
+    EXPECT_EQ(cpu_tokens, gpu_tokens) << GetParam() << " prompt " << len;
+    std::printf("[gpu-vs-cpu] %s prompt %zu: max diff %.3g of the largest logit\n", GetParam(), len,
+                d);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyModels, TinyGpuTest,
+                         ::testing::Values("tiny-llama-f32", "tiny-llama-f16", "tiny-llama-bf16",
+                                           "tiny-llama-q4_0", "tiny-llama-q4_1", "tiny-llama-q8_0",
+                                           "tiny-llama-q4_k", "tiny-llama-q5_k", "tiny-llama-q6_k",
+                                           "tiny-llama3-f32", "tiny-mistral-f32",
+                                           "tiny-mistral-sw4-f32"));
+
+TEST(SmolLM2Gpu, LogitsMatchCpuAndGreedy32Identical) {
+  const std::string path = test::smollm2_path();
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no " << path;
+  auto cpu = load_model(path);
+  auto gpu = gpu_model(path);
+  ThreadPool pool(8);
+  kernels::Context ctx{&pool, best_cpu_path()};
+  const std::vector<std::vector<int32_t>> prompts = {
+      {1, 504, 3458, 282, 4649, 314},  // a few real-vocabulary ids
+      {1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3437, 30, 2},
+      {1, 28, 3, 500, 7000, 12, 12, 12, 99, 4000, 41000, 17, 300, 30000}};
+  for (const auto& p : prompts) {
+    std::vector<int32_t> cpu_tokens, gpu_tokens;
+    auto ref = trajectory(*cpu, ctx, p, {}, 32, &cpu_tokens);
+    auto got = trajectory(*gpu, ctx, p, {}, 32, &gpu_tokens);  // the GPU's own greedy choices
+    EXPECT_EQ(cpu_tokens, gpu_tokens);
+    const double d = max_rel_diff(ref, got);
+    if (cpu_tokens == gpu_tokens) {
+      EXPECT_LE(d, kSmolTolerance);
+    }
+    std::printf("[gpu-vs-cpu] SmolLM2 prompt of %zu: max diff %.3g of the largest logit\n",
+                p.size(), d);
+  }
+}
+
+// Row operations on device memory leave the same bytes as on the host: the
+// same K/V rows written through each backend's kv_write (byte-identical
+// encoders), then the same operations on both caches, then every valid
+// (layer, row, column, head) compared byte for byte.
+void expect_same_bytes(const kv::BatchKv& host, const kv::BatchKv& dev) {
+  ASSERT_EQ(host.rows(), dev.rows());
+  for (size_t l = 0; l < host.spec().layers.size(); ++l) {
+    const kv::KvView hv = host.capture(l), dv = dev.capture(l);
+    for (size_t r = 0; r < host.rows(); ++r) {
+      const kv::RowState& hr = host.table().row(r);
+      ASSERT_EQ(hr.start, dev.table().row(r).start);
+      ASSERT_EQ(hr.end, dev.table().row(r).end);
+      if (hr.end == hr.start) continue;
+      kernels::KvSide hk, hvs, dk, dvs;
+      const kernels::AttentionTask ht = hv.task(r, hr.start, hr.end - 1, &hk, &hvs);
+      const kernels::AttentionTask dt = dv.task(r, hr.start, hr.end - 1, &dk, &dvs);
+      for (int side = 0; side < 2; ++side) {
+        const kernels::KvSide& a = side ? hvs : hk;
+        const kernels::KvSide& b = side ? dvs : dk;
+        for (size_t p = 0; p < 3 && a.plane[p]; ++p)
+          for (size_t h = 0; h < host.spec().n_kv_heads; ++h)
+            for (int s = 0; s < 2; ++s) {
+              const size_t n = ht.seg[s].end - ht.seg[s].begin;
+              ASSERT_EQ(n, dt.seg[s].end - dt.seg[s].begin);
+              if (n == 0) continue;
+              std::vector<uint8_t> want(
+                  a.plane[p] + h * a.head_stride[p] + ht.seg[s].begin * a.unit[p],
+                  a.plane[p] + h * a.head_stride[p] + ht.seg[s].end * a.unit[p]);
+              std::vector<uint8_t> got(want.size());
+              ASSERT_EQ(cudaMemcpy(got.data(),
+                                   b.plane[p] + h * b.head_stride[p] + dt.seg[s].begin * b.unit[p],
+                                   got.size(), cudaMemcpyDeviceToHost),
+                        cudaSuccess);
+              ASSERT_EQ(want, got) << "layer " << l << " row " << r << " side " << side << " plane "
+                                   << p << " head " << h;
+            }
+      }
+    }
+  }
+}
+
+TEST(GpuKv, RowOperationsAreByteExactWithHost) {
+  auto be = cuda::make_backend({});
+  ThreadPool pool(1);
+  kernels::Context ctx{&pool, best_cpu_path()};
+  CpuBackend cpu(ctx);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (const char* fmt : {"f32", "f16", "q8g32", "q4g64"}) {
+    const kernels::KvFormat f = kernels::parse_kv_format(fmt);
+    kv::KvSpec spec = kv::KvSpec::uniform(3, 2, 64, f, f);
+    spec.layers[1].window = 6;  // one ring layer
+    const size_t kv_dim = 2 * 64;
+    kv::BatchKv h(spec), d(spec, be->kv_allocator());
+    // Steps of random tokens for rows of random lengths, written through
+    // each backend.
+    auto step = [&](std::vector<size_t> counts) {
+      size_t T = 0;
+      for (size_t c : counts) T += c;
+      std::vector<float> k(T * kv_dim), v(T * kv_dim);
+      for (auto& x : k) x = nd(rng);
+      for (auto& x : v) x = nd(rng);
+      std::vector<TokenPlace> places;
+      for (size_t r = 0; r < counts.size(); ++r)
+        for (size_t i = 0; i < counts[r]; ++i) places.push_back({r, i});
+      h.reserve(counts);
+      d.reserve(counts);
+      float* dk = nullptr;
+      float* dv = nullptr;
+      ASSERT_EQ(cudaMalloc(&dk, k.size() * 4), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&dv, v.size() * 4), cudaSuccess);
+      cudaMemcpy(dk, k.data(), k.size() * 4, cudaMemcpyHostToDevice);
+      cudaMemcpy(dv, v.data(), v.size() * 4, cudaMemcpyHostToDevice);
+      for (size_t l = 0; l < 3; ++l) {
+        cpu.kv_write(h, l, places, k.data(), v.data());
+        be->kv_write(d, l, places, dk, dv);
+      }
+      cudaDeviceSynchronize();
+      cudaFree(dk);
+      cudaFree(dv);
+      h.commit(counts);
+      d.commit(counts);
+    };
+    const std::vector<size_t> lens = {5, 2, 9};
+    h.prepare_prefill(lens);
+    d.prepare_prefill(lens);
+    step(lens);
+    h.finalize_prefill();
+    d.finalize_prefill();
+    for (int s = 0; s < 4; ++s) step({1, 1, 1});
+    expect_same_bytes(h, d);
+    // extend with a new row, decode, spec round with rollback, filter,
+    // extract, align, merge, trim.
+    kv::BatchKv hn(spec), dn(spec, be->kv_allocator());
+    const size_t one[] = {4};
+    hn.prepare_prefill(one);
+    dn.prepare_prefill(one);
+    {
+      // Write the newcomer's prompt through the same step helper.
+      std::swap(h, hn);
+      std::swap(d, dn);
+      step({4});
+      h.finalize_prefill();
+      d.finalize_prefill();
+      std::swap(h, hn);
+      std::swap(d, dn);
+    }
+    h.extend(hn);
+    d.extend(dn);
+    expect_same_bytes(h, d);
+    h.spec_begin();
+    d.spec_begin();
+    step({3, 3, 3, 3});
+    const size_t keep[] = {1, 3, 0, 2};
+    h.spec_rollback(keep);
+    d.spec_rollback(keep);
+    expect_same_bytes(h, d);
+    const size_t kept[] = {0, 2, 3};
+    h.filter(kept);
+    d.filter(kept);
+    expect_same_bytes(h, d);
+    step({1, 1, 1});
+    expect_same_bytes(h.extract(1), d.extract(1));
+    const size_t pads[] = {3, 0, 1};
+    h.align(pads);
+    d.align(pads);
+    expect_same_bytes(h, d);
+    kv::BatchKv he = h.extract(0), de = d.extract(0);
+    std::vector<const kv::BatchKv*> hp{&h, &he}, dp{&d, &de};
+    kv::BatchKv hm = kv::BatchKv::merge(hp), dm = kv::BatchKv::merge(dp);
+    expect_same_bytes(hm, dm);
+    hm.trim(1);
+    dm.trim(1);
+    expect_same_bytes(hm, dm);
+    EXPECT_EQ(hm.allocated_bytes(), dm.allocated_bytes());  // the same accounting
+  }
+}
+
+// The randomized schedule of tests/model on the GPU (deterministic mode):
+// every row's logits at every step bit-identical to its solo run.
+class GpuScheduleTest : public ::testing::TestWithParam<std::tuple<const char*, const char*>> {};
+
+TEST_P(GpuScheduleTest, RowsMatchSoloBitForBit) {
+  auto [model, fmt] = GetParam();
+  auto m = gpu_model(test::data_path(std::string("models/") + model + ".gguf"));
+  const kernels::KvFormat f = kernels::parse_kv_format(fmt);
+  for (uint32_t seed : {1u, 2u}) run_schedule(*m, f, f, 16, seed);
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyModels, GpuScheduleTest,
+                         ::testing::Values(std::tuple("tiny-llama-f32", "f32"),
+                                           std::tuple("tiny-llama-q8_0", "f16"),
+                                           std::tuple("tiny-mistral-sw4-f32", "bf16"),
+                                           std::tuple("tiny-llama-q4_k", "q8g32"),
+                                           std::tuple("tiny-llama-q4_k", "q4g64")));
+
+TEST(SmolLM2GpuSchedule, RowsMatchSoloBitForBit) {
+  if (!std::filesystem::exists(test::smollm2_path())) GTEST_SKIP();
+  auto m = gpu_model(test::smollm2_path());
+  run_schedule(*m, kernels::KvFormat::f16(), kernels::KvFormat::f16(), 8, 1234);
+  run_schedule(*m, kernels::parse_kv_format("q4g64"), kernels::parse_kv_format("q4g64"), 8, 99);
+}
+
+}  // namespace
+}  // namespace ferry::model

@@ -1,0 +1,424 @@
+// Checks every kernel of src/cuda/cuda_ops.h against ferry's CPU kernels (the
+// reference path), and the GPU's batch invariance directly. Needs a GPU
+// (skipped without one); run by tools/cuda/test.sh, not by ctest.
+//
+// Tolerances, where results are not exact:
+// - dot products (matmul, attention scores, rmsnorm's sum of squares) are
+//   summed in a different order than the CPU's 16-lane order: each output
+//   may differ by a few float ulps of sum |terms|, so we allow
+//   2e-5 * sum|w_k x_k| (n_in up to 4096: the typical error is about
+//   sqrt(n) * 2^-24 = 4e-6 of that sum, the bound is loose on purpose);
+// - expf, cosf and sinf are CUDA's (within 2 ulp), the CPU's are glibc's.
+// Exact (bit for bit): embed, dequantize_bf16, f32_to_bf16, add_inplace,
+// kv_store's bytes, and any row of matmul/attention alone vs in a batch.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "kernels/kernel_test_util.h"
+#include "kernels/quant_blocks.h"
+
+namespace ferry::test {
+namespace {
+
+using kernels::KvFormat;
+
+std::string name(DType t) { return std::string(dtype_traits(t).name); }
+
+bool is_dense(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+
+// Host-decoded weights [n_out, n_in] (the oracle's decoder).
+std::vector<float> decode_host(DType t, const std::vector<uint8_t>& w, size_t n_in, size_t n_out) {
+  std::vector<float> f(n_in * n_out);
+  const size_t rb = row_bytes(t, n_in);
+  for (size_t j = 0; j < n_out; ++j) kernels::decode_row(t, w.data() + j * rb, f.data() + j * n_in, n_in);
+  return f;
+}
+
+// n_in values per type worth testing: whole stages, partial stages, and rows
+// that are not 16-byte multiples (the 2-byte staging path).
+std::vector<size_t> n_in_cases(DType t) {
+  if (dtype_traits(t).block_elems == 256) return {256, 1536, 4096};
+  if (is_dense(t)) return {64, 80, 1040, 4096};
+  return {64, 96, 4160, 4096};
+}
+
+// ---- embed, dequantize_bf16 -------------------------------------------------
+
+TEST(CudaOps, EmbedIsExact) {
+  REQUIRE_GPU();
+  for (DType t : kAllTypes)
+    for (size_t n_in : n_in_cases(t)) {
+      const size_t vocab = 50;
+      const auto table = random_weights(t, n_in, vocab, 11);
+      const std::vector<int32_t> tokens = {3, 0, 49, 3, 17, 25, 8};
+      std::vector<float> want(tokens.size() * n_in);
+      kernels::embed({t, table.data(), n_in, vocab}, tokens, want.data());
+      DeviceBuffer<uint8_t> d_table(table);
+      DeviceBuffer<int32_t> d_tok(tokens);
+      DeviceBuffer<float> d_out(want.size());
+      d_out.poison();
+      cuda::embed(d_table.get(), t, n_in, d_tok.get(), tokens.size(), d_out.get(), nullptr);
+      const auto got = d_out.download();
+      EXPECT_EQ(first_bit_diff(want, got.data(), want.size()), -1) << name(t) << " n_in=" << n_in;
+    }
+}
+
+TEST(CudaOps, DequantizeBf16IsExact) {
+  REQUIRE_GPU();
+  for (DType t : kAllTypes)
+    for (size_t n_in : n_in_cases(t)) {
+      const size_t n_out = 13;
+      const auto w = random_weights(t, n_in, n_out, 12);
+      const auto f = decode_host(t, w, n_in, n_out);
+      DeviceBuffer<uint8_t> d_w(w);
+      DeviceBuffer<uint16_t> d_out(f.size());
+      d_out.poison();
+      cuda::dequantize_bf16(d_w.get(), t, n_in, n_out, d_out.get(), nullptr);
+      const auto got = d_out.download();
+      size_t bad = 0;
+      for (size_t i = 0; i < f.size(); ++i) bad += got[i] != f32_to_bf16(f[i]);
+      EXPECT_EQ(bad, 0u) << name(t) << " n_in=" << n_in;
+    }
+}
+
+// ---- elementwise --------------------------------------------------------------
+
+TEST(CudaOps, F32ToBf16AndAddAreExact) {
+  REQUIRE_GPU();
+  auto x = random_floats(10007, 21, 3.0f);
+  // Ties (round to even both ways), inf, NaN, a subnormal.
+  const uint32_t specials[] = {0x3f808000u, 0x3f818000u, 0x7f800000u, 0xff800000u, 0x7fc00001u, 0x00000123u};
+  for (size_t i = 0; i < std::size(specials); ++i) std::memcpy(&x[i], &specials[i], 4);
+  DeviceBuffer<float> d_x(x);
+  DeviceBuffer<uint16_t> d_bf(x.size());
+  d_bf.poison();
+  cuda::f32_to_bf16(d_x.get(), x.size(), d_bf.get(), nullptr);
+  const auto bf = d_bf.download();
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(bf[i], f32_to_bf16(x[i])) << i;
+
+  auto a = random_floats(10007, 22), b = random_floats(10007, 23);
+  DeviceBuffer<float> d_a(a), d_b(b);
+  cuda::add_inplace(d_a.get(), d_b.get(), a.size(), nullptr);
+  kernels::add_inplace(a.data(), b.data(), a.size());
+  const auto got = d_a.download();
+  EXPECT_EQ(first_bit_diff(a, got.data(), a.size()), -1);
+}
+
+TEST(CudaOps, SiluMulMatchesCpu) {
+  REQUIRE_GPU();
+  auto g = random_floats(5003, 31, 8.0f), u = random_floats(5003, 32, 2.0f);
+  DeviceBuffer<float> d_g(g), d_u(u);
+  cuda::silu_mul(d_g.get(), d_u.get(), g.size(), nullptr);
+  kernels::silu_mul(g.data(), u.data(), g.size());
+  const auto got = d_g.download();
+  // expf within 2 ulp, then a divide and a multiply: a few ulp of the result.
+  for (size_t i = 0; i < g.size(); ++i) ASSERT_NEAR(got[i], g[i], 1e-6f * std::fabs(g[i]) + 1e-30f) << i;
+}
+
+TEST(CudaOps, RmsnormMatchesCpu) {
+  REQUIRE_GPU();
+  for (size_t dim : {64, 4096, 5120}) {
+    const size_t rows = 9;
+    const auto x = random_floats(rows * dim, 41, 2.0f), w = random_floats(dim, 42);
+    std::vector<float> want(x.size());
+    kernels::rmsnorm({}, x.data(), w.data(), rows, dim, 1e-5f, want.data());
+    DeviceBuffer<float> d_x(x), d_w(w), d_out(x.size());
+    d_out.poison();
+    cuda::rmsnorm(d_x.get(), d_w.get(), rows, dim, 1e-5f, d_out.get(), nullptr);
+    const auto got = d_out.download();
+    // The sum of squares (positive terms) is within ~1e-6 relative of the
+    // CPU's; the scale's sqrt halves that; the products round once each.
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-6f * std::fabs(want[i]) + 1e-30f) << i;
+    // In place (out aliases x) gives the same bits; row 4 alone as well.
+    cuda::rmsnorm(d_x.get(), d_w.get(), rows, dim, 1e-5f, d_x.get(), nullptr);
+    EXPECT_EQ(first_bit_diff(got, d_x.download().data(), x.size()), -1);
+    DeviceBuffer<float> d_row(std::vector<float>(x.begin() + 4 * dim, x.begin() + 5 * dim)), d_one(dim);
+    cuda::rmsnorm(d_row.get(), d_w.get(), 1, dim, 1e-5f, d_one.get(), nullptr);
+    const auto one = d_one.download();
+    EXPECT_EQ(first_bit_diff(one, got.data() + 4 * dim, dim), -1) << "dim=" << dim;
+  }
+}
+
+TEST(CudaOps, RopeMatchesCpu) {
+  REQUIRE_GPU();
+  for (size_t head_dim : {64, 128}) {
+    const size_t rows = 7, heads = 5;
+    auto x = random_floats(rows * heads * head_dim, 51);
+    std::vector<float> inv(head_dim / 2);
+    for (size_t i = 0; i < inv.size(); ++i) inv[i] = std::pow(500000.0f, -2.0f * i / head_dim);
+    const std::vector<int32_t> pos = {0, 1, 17, 300, 4095, 8191, 131000};
+    DeviceBuffer<float> d_x(x), d_inv(inv);
+    DeviceBuffer<int32_t> d_pos(pos);
+    cuda::rope(d_x.get(), rows, heads, head_dim, d_pos.get(), d_inv.get(), nullptr);
+    for (size_t r = 0; r < rows; ++r) kernels::rope(x.data() + r * heads * head_dim, heads, head_dim, pos[r], inv.data());
+    const auto got = d_x.download();
+    // cosf/sinf within 2 ulp of glibc's (the angle itself is bit-identical):
+    // |error| <= ~4 ulp of 1 for inputs in [-1, 1].
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(got[i], x[i], 1e-6f) << i;
+  }
+}
+
+// ---- matmul_gguf ---------------------------------------------------------------
+
+// GPU y for x [n_rows, n_in] (device weights given).
+std::vector<float> gpu_matmul(const DeviceBuffer<uint8_t>& w, DType t, size_t n_in, size_t n_out,
+                              const std::vector<float>& x, size_t n_rows) {
+  DeviceBuffer<float> d_x(x), d_y(n_rows * n_out);
+  d_y.poison();
+  cuda::matmul_gguf(w.get(), t, n_in, n_out, d_x.get(), n_rows, d_y.get(), nullptr);
+  return d_y.download();
+}
+
+TEST(CudaOps, MatmulGgufMatchesCpuForAllTypesAndRowCounts) {
+  REQUIRE_GPU();
+  for (DType t : kAllTypes)
+    for (size_t n_in : n_in_cases(t)) {
+      const size_t n_out = 37;  // not a multiple of the 4 columns of a block
+      const auto w = random_weights(t, n_in, n_out, 61);
+      const auto wf = decode_host(t, w, n_in, n_out);
+      DeviceBuffer<uint8_t> d_w(w);
+      const size_t row_counts[] = {1, 2, 7, 8, 9, 64, 300};
+      for (size_t n_rows : row_counts) {
+        if (n_in == 4096 && n_rows == 300 && !(t == DType::Q4_K || t == DType::F16)) continue;  // CPU time
+        const auto x = random_floats(n_rows * n_in, 62 + n_rows);
+        std::vector<float> want(n_rows * n_out);
+        kernels::matmul({}, {t, w.data(), n_in, n_out}, x.data(), n_rows, want.data());
+        const auto got = gpu_matmul(d_w, t, n_in, n_out, x, n_rows);
+        for (size_t r = 0; r < n_rows; ++r)
+          for (size_t j = 0; j < n_out; ++j) {
+            double mag = 0;
+            for (size_t k = 0; k < n_in; ++k) mag += std::fabs(double{wf[j * n_in + k]} * x[r * n_in + k]);
+            ASSERT_NEAR(got[r * n_out + j], want[r * n_out + j], 2e-5 * mag + 1e-30)
+                << name(t) << " n_in=" << n_in << " rows=" << n_rows << " r=" << r << " j=" << j;
+          }
+        // Every row of the batch equals that row computed alone, bit for bit.
+        if (n_rows <= 64)
+          for (size_t r = 0; r < n_rows; ++r) {
+            const std::vector<float> xr(x.begin() + r * n_in, x.begin() + (r + 1) * n_in);
+            const auto one = gpu_matmul(d_w, t, n_in, n_out, xr, 1);
+            ASSERT_EQ(first_bit_diff(one, got.data() + r * n_out, n_out), -1)
+                << name(t) << " n_in=" << n_in << " rows=" << n_rows << " r=" << r;
+          }
+      }
+    }
+}
+
+TEST(CudaOps, MatmulGgufRowIsBatchInvariant) {
+  REQUIRE_GPU();
+  for (DType t : kAllTypes) {
+    const size_t n_in = 4096, n_out = 300;
+    const auto w = random_weights(t, n_in, n_out, 71);
+    DeviceBuffer<uint8_t> d_w(w);
+    const auto x0 = random_floats(n_in, 72);
+    const auto alone = gpu_matmul(d_w, t, n_in, n_out, x0, 1);
+    for (size_t batch : {3, 8, 37})
+      for (size_t at : {size_t{0}, batch / 2, batch - 1}) {
+        auto x = random_floats(batch * n_in, 73 + batch);
+        std::copy(x0.begin(), x0.end(), x.begin() + at * n_in);
+        const auto got = gpu_matmul(d_w, t, n_in, n_out, x, batch);
+        ASSERT_EQ(first_bit_diff(alone, got.data() + at * n_out, n_out), -1)
+            << name(t) << " batch=" << batch << " at=" << at;
+      }
+  }
+}
+
+// ---- kv_store ----------------------------------------------------------------
+
+const KvFormat kKvFormats[] = {KvFormat::f32(),       KvFormat::f16(),       KvFormat::bf16(),
+                               KvFormat::affine(8, 32), KvFormat::affine(4, 64), KvFormat::affine(4, 32),
+                               KvFormat::affine(8, 128)};
+
+// Token rows with the affine codec's edge cases mixed in: a constant group, a
+// zero group, a group whose edge is its (negative) minimum, tiny values.
+std::vector<float> kv_rows(size_t n_tokens, size_t kv_dim, uint32_t seed) {
+  auto x = random_floats(n_tokens * kv_dim, seed, 2.0f);
+  for (size_t i = 0; i < 32; ++i) {
+    x[i] = 0.75f;                        // constant
+    x[32 + i] = 0.0f;                    // zeros
+    x[64 + i] = -3.0f + 0.01f * i;       // negative edge
+    x[96 + i] = 1e-6f * (i % 5);         // tiny (scale clamps to 1e-7)
+  }
+  return x;
+}
+
+TEST(CudaOps, KvStoreBytesEqualCpuEncoding) {
+  REQUIRE_GPU();
+  for (size_t D : {64, 128})
+    for (const KvFormat& kf : kKvFormats)
+      for (const KvFormat& vf : {KvFormat::affine(4, 64), KvFormat::f16(), kf}) {
+        if (!(D % std::max<size_t>(kf.group, 1) == 0 && D % std::max<size_t>(vf.group, 1) == 0)) continue;
+        const size_t H = 2, C = 40, n_tokens = 5;
+        KvPlanes K(kf, D, H, C, 0xab), V(vf, D, H, C, 0xcd);
+        K.upload();
+        V.upload();
+        const auto k = kv_rows(n_tokens, H * D, 81), v = kv_rows(n_tokens, H * D, 82);
+        std::vector<cuda::KvWrite> writes;
+        const uint32_t slots[] = {0, 39, 7, 8, 20};
+        for (uint32_t i = 0; i < n_tokens; ++i) {
+          cuda::KvWrite w;
+          w.k = K.side(true);
+          w.v = V.side(true);
+          w.slot = slots[i];
+          w.token = (i * 3) % n_tokens;
+          writes.push_back(w);
+          for (size_t h = 0; h < H; ++h) {
+            K.encode(h, w.slot, k.data() + (w.token * H + h) * D);
+            V.encode(h, w.slot, v.data() + (w.token * H + h) * D);
+          }
+        }
+        DeviceBuffer<float> d_k(k), d_v(v);
+        DeviceBuffer<cuda::KvWrite> d_writes(writes.size());
+        CK(cudaMemcpy(d_writes.get(), writes.data(), writes.size() * sizeof(cuda::KvWrite), cudaMemcpyHostToDevice));
+        cuda::kv_store(d_writes.get(), writes.size(), H, D, d_k.get(), d_v.get(), nullptr);
+        for (size_t p = 0; p < K.units.size(); ++p)
+          EXPECT_TRUE(K.download(p) == K.host[p]) << "K " << kf.name() << " plane " << p << " D=" << D;
+        for (size_t p = 0; p < V.units.size(); ++p)
+          EXPECT_TRUE(V.download(p) == V.host[p]) << "V " << vf.name() << " plane " << p << " D=" << D;
+      }
+}
+
+// ---- attention -----------------------------------------------------------------
+
+struct AttnCase {
+  size_t D, n_heads, n_kv_heads;
+  KvFormat kf, vf;
+};
+
+// A cache of C slots filled with random K/V (encoded on the host), and jobs
+// whose key ranges are given as (begin, end) pairs (two segments = wrap).
+struct AttnFixture {
+  AttnCase c;
+  size_t C;
+  KvPlanes K, V;
+  AttnFixture(const AttnCase& ac, size_t slots, uint32_t seed)
+      : c(ac), C(slots), K(ac.kf, ac.D, ac.n_kv_heads, slots, 0), V(ac.vf, ac.D, ac.n_kv_heads, slots, 0) {
+    const auto k = random_floats(C * c.n_kv_heads * c.D, seed), v = random_floats(C * c.n_kv_heads * c.D, seed + 1);
+    for (size_t h = 0; h < c.n_kv_heads; ++h)
+      for (size_t j = 0; j < C; ++j) {
+        K.encode(h, j, k.data() + (h * C + j) * c.D);
+        V.encode(h, j, v.data() + (h * C + j) * c.D);
+      }
+    K.upload();
+    V.upload();
+  }
+  kernels::AttentionShape shape() const {
+    return {c.n_heads, c.n_kv_heads, c.D, 1.0f / std::sqrt(static_cast<float>(c.D))};
+  }
+};
+
+struct JobSpec {
+  kernels::KeySegment seg[2];
+  uint32_t q_seed;
+};
+
+// Runs jobs on the GPU; returns out [n_jobs, n_heads, D].
+std::vector<float> gpu_attention(const AttnFixture& f, const std::vector<JobSpec>& specs,
+                                 const std::vector<float>& q) {
+  const size_t per = f.c.n_heads * f.c.D;
+  DeviceBuffer<float> d_q(q), d_out(specs.size() * per);
+  d_out.poison();
+  std::vector<cuda::AttentionJob> jobs(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    jobs[i].q = d_q.get() + i * per;
+    jobs[i].out = d_out.get() + i * per;
+    jobs[i].k = f.K.side(true);
+    jobs[i].v = f.V.side(true);
+    jobs[i].seg[0] = specs[i].seg[0];
+    jobs[i].seg[1] = specs[i].seg[1];
+  }
+  DeviceBuffer<cuda::AttentionJob> d_jobs(jobs.size());
+  CK(cudaMemcpy(d_jobs.get(), jobs.data(), jobs.size() * sizeof(cuda::AttentionJob), cudaMemcpyHostToDevice));
+  cuda::attention(d_jobs.get(), jobs.size(), f.shape(), nullptr);
+  return d_out.download();
+}
+
+std::vector<float> queries(const AttnFixture& f, const std::vector<JobSpec>& specs) {
+  const size_t per = f.c.n_heads * f.c.D;
+  std::vector<float> q(specs.size() * per);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto qi = random_floats(per, specs[i].q_seed, 2.0f);
+    std::copy(qi.begin(), qi.end(), q.begin() + i * per);
+  }
+  return q;
+}
+
+std::vector<AttnCase> attn_cases() {
+  std::vector<AttnCase> cases;
+  const KvFormat formats[] = {KvFormat::f32(), KvFormat::f16(), KvFormat::bf16(), KvFormat::affine(8, 32),
+                              KvFormat::affine(4, 64)};
+  for (size_t D : {64, 128})
+    for (const KvFormat& f : formats) {
+      cases.push_back({D, 4, 4, f, f});  // GQA ratio 1
+      cases.push_back({D, 8, 2, f, f});  // GQA ratio 4
+    }
+  cases.push_back({128, 8, 2, KvFormat::affine(8, 32), KvFormat::affine(4, 64)});  // mixed K/V formats
+  cases.push_back({256, 8, 1, KvFormat::f16(), KvFormat::f16()});                   // D 256, GQA 8
+  cases.push_back({80, 6, 2, KvFormat::bf16(), KvFormat::f32()});                   // D 80, GQA 3
+  return cases;
+}
+
+TEST(CudaOps, AttentionMatchesCpu) {
+  REQUIRE_GPU();
+  const size_t C = 700;
+  for (const AttnCase& ac : attn_cases()) {
+    AttnFixture f(ac, C, 91);
+    const std::vector<JobSpec> specs = {
+        {{{0, 1}, {0, 0}}, 1},       {{{3, 10}, {0, 0}}, 2},     {{{0, 32}, {0, 0}}, 3},
+        {{{5, 38}, {0, 0}}, 4},      {{{100, 400}, {0, 0}}, 5},  {{{0, 700}, {0, 0}}, 6},
+        {{{650, 700}, {0, 45}}, 7},  // a ring that wrapped: slots 650..699 then 0..44
+        {{{690, 700}, {0, 300}}, 8}};
+    const auto q = queries(f, specs);
+    const auto got = gpu_attention(f, specs, q);
+    const size_t per = ac.n_heads * ac.D;
+    std::vector<float> want(specs.size() * per);
+    const kernels::KvSide hk = f.K.side(false), hv = f.V.side(false);
+    std::vector<kernels::AttentionTask> tasks(specs.size());
+    for (size_t i = 0; i < specs.size(); ++i) {
+      tasks[i].q = q.data() + i * per;
+      tasks[i].out = want.data() + i * per;
+      tasks[i].k = &hk;
+      tasks[i].v = &hv;
+      tasks[i].seg[0] = specs[i].seg[0];
+      tasks[i].seg[1] = specs[i].seg[1];
+    }
+    kernels::attention({}, f.shape(), tasks);
+    // Scores differ by a few ulps (summation order), exp by 2 ulp; outputs
+    // are convex combinations of V values in [-1, 1] (decoded affine values a
+    // little wider).
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 3e-5f) << "D=" << ac.D << " heads=" << ac.n_heads << "/" << ac.n_kv_heads
+                                          << " K=" << ac.kf.name() << " V=" << ac.vf.name() << " job="
+                                          << i / per << " i=" << i % per;
+  }
+}
+
+TEST(CudaOps, AttentionJobIsBatchInvariant) {
+  REQUIRE_GPU();
+  for (const AttnCase& ac : {AttnCase{128, 8, 2, KvFormat::f16(), KvFormat::f16()},
+                             AttnCase{64, 4, 4, KvFormat::affine(4, 64), KvFormat::affine(8, 32)}}) {
+    AttnFixture f(ac, 1200, 101);
+    const JobSpec target{{{1000, 1200}, {0, 333}}, 7};
+    const size_t per = ac.n_heads * ac.D;
+    const auto alone = gpu_attention(f, {target}, queries(f, {target}));
+    std::mt19937 rng(5);
+    for (size_t batch : {3, 8, 37})
+      for (size_t at : {size_t{0}, batch / 2, batch - 1}) {
+        std::vector<JobSpec> specs;
+        for (size_t i = 0; i < batch; ++i) {
+          const size_t b = rng() % 1100, e = b + 1 + rng() % (1200 - b - 1);
+          specs.push_back({{{b, e}, {0, 0}}, static_cast<uint32_t>(200 + i)});
+        }
+        specs[at] = target;
+        const auto got = gpu_attention(f, specs, queries(f, specs));
+        ASSERT_EQ(first_bit_diff(alone, got.data() + at * per, per), -1) << "batch=" << batch << " at=" << at;
+      }
+  }
+}
+
+}  // namespace
+}  // namespace ferry::test
