@@ -16,6 +16,9 @@ Action add_run_command(CLI::App& app);
 // `ferry serve`: the OpenAI-compatible HTTP server.
 Action add_serve_command(CLI::App& app);
 
+// `ferry bench`: a synthetic workload through the serving scheduler.
+Action add_bench_command(CLI::App& app);
+
 // The default model: $FERRY_MODEL, else the file the README's set-up
 // fetches into ~/.cache/ferry/models/.
 std::string default_model_path();

@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "ferry 0.1.0");
   ferry::cli::Action run = ferry::cli::add_run_command(app);
   ferry::cli::Action serve = ferry::cli::add_serve_command(app);
+  ferry::cli::Action bench = ferry::cli::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -19,6 +20,7 @@ int main(int argc, char** argv) {
   try {
     if (app.got_subcommand("run")) return run();
     if (app.got_subcommand("serve")) return serve();
+    if (app.got_subcommand("bench")) return bench();
   } catch (const ferry::Error& e) {
     std::fprintf(stderr, "ferry: error: %s\n", e.what());
     return 1;

@@ -30,9 +30,11 @@ struct ServeOptions {
   size_t max_body_kb = 1024;
   size_t max_batch = 256;
   size_t kv_budget_mb = 0;  // 0: a third of physical memory
+  DeviceOptions device;
   KvOptions kv{"f16"};
   size_t prefill_chunk = 256;
   size_t step_tokens = 512;
+  double step_target_ms = engine::SchedulerOptions{}.step_target_ms;
   size_t default_max_tokens = 0;  // 0: the rest of the context
   size_t threads = 0;
   double shutdown_grace = 30;
@@ -70,13 +72,14 @@ int serve(ServeOptions& o) {
   std::signal(SIGPIPE, SIG_IGN);
   raise_fd_limit();
 
-  LoadedModel l = load_model_files(o.model, o.quiet);
+  LoadedModel l = load_model_files(o.model, o.quiet, o.device);
   if (!o.chat_template.empty()) l.chat.emplace(read_file(o.chat_template));
 
   engine::SchedulerOptions so;
   so.max_batch = o.max_batch;
   so.prefill_chunk = o.prefill_chunk;
   so.step_token_budget = o.step_tokens;
+  so.step_target_ms = o.step_target_ms;
   so.kv_budget_bytes = o.kv_budget_mb << 20;
   so.kv_k = so.kv_v = o.kv.format();
   so.kv_k.validate(l.model->config().head_dim);
@@ -150,6 +153,7 @@ Action add_serve_command(CLI::App& app) {
                   "KV cache budget for admission (0: a third of RAM)")
       ->capture_default_str();
   o->kv.add_to(cmd);
+  o->device.add_to(cmd);
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt tokens per request per step")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -157,6 +161,11 @@ Action add_serve_command(CLI::App& app) {
                   "Tokens forwarded per step (decode rows count 1)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--step-target-ms", o->step_target_ms,
+                  "While rows decode, cap a step's prompt tokens to keep it near this time "
+                  "(0: off)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--default-max-tokens", o->default_max_tokens,
                   "max_tokens of requests that set none (0: the rest of the context); admission "
                   "reserves KV for prompt + max_tokens")

@@ -37,6 +37,7 @@ CpuFeatures detect() {
       f.avx512bw = b & bit_AVX512BW;
       f.avx512vl = b & bit_AVX512VL;
       f.avx512dq = b & bit_AVX512DQ;
+      f.avx512vnni = c & bit_AVX512VNNI;
     }
   }
   return f;

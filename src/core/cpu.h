@@ -18,6 +18,10 @@ struct CpuFeatures {
   bool avx512bw = false;
   bool avx512vl = false;
   bool avx512dq = false;
+  // AVX-512 VNNI (vpdpbusd): used by the int8 matmul mode's AVX-512 path
+  // when present; some AVX-512 CPUs lack it, and the path then falls back to
+  // vpmaddubsw/vpmaddwd with the same results.
+  bool avx512vnni = false;
 };
 
 const CpuFeatures& cpu_features();

@@ -60,7 +60,9 @@ Scheduler::Scheduler(const model::Model& model, const text::Tokenizer& tok, Sche
       spec_(model.config().kv_spec(opts_.kv_k, opts_.kv_v)),
       pool_(std::make_unique<ThreadPool>(opts_.threads)),
       ctx_{pool_.get(), best_cpu_path()},
-      batch_(spec_) {
+      step_budget_(std::max(0.0, opts_.step_target_ms) / 1000, opts_.step_min_prefill),
+      batch_(spec_, model_.kv_allocator()) {
+  if (opts_.kv_budget_bytes == 0) opts_.kv_budget_bytes = batch_.allocator()->memory_hint();
   if (opts_.kv_budget_bytes == 0) opts_.kv_budget_bytes = default_kv_budget();
   opts_.max_batch = std::max<size_t>(1, opts_.max_batch);
   opts_.prefill_chunk = std::max<size_t>(1, opts_.prefill_chunk);
@@ -150,7 +152,7 @@ void Scheduler::loop() {
       {
         std::lock_guard<std::mutex> lock(mu_);
         failed.swap(running_);
-        batch_ = kv::BatchKv(spec_);
+        batch_ = kv::BatchKv(spec_, model_.kv_allocator());
         kv_in_use_ = 0;  // only admitted (running) requests hold a reservation
       }
       StreamEvent ev;
@@ -161,6 +163,11 @@ void Scheduler::loop() {
       cv_.notify_all();
     }
   }
+}
+
+double Scheduler::step_seconds() const {
+  if (opts_.step_clock) return opts_.step_clock();
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
 }
 
 void Scheduler::finish(Request& r, const StreamEvent& ev) {
@@ -250,19 +257,23 @@ bool Scheduler::step() {
   }
 
   // 2. Plan the step: decode rows take one token each, then prompts take
-  //    chunks in arrival order while the token budget lasts.
+  //    chunks in arrival order while the token budget lasts, and while
+  //    rows decode, the step-time policy's allowance.
+  const double t0 = step_seconds();
   const size_t B = running_.size();
   std::vector<model::RowInput> rows(B);
   std::vector<int32_t> feed(B);
-  size_t budget = opts_.step_token_budget;
+  size_t budget = opts_.step_token_budget, decode_rows = 0, prefill_tokens = 0;
   for (size_t b = 0; b < B; ++b) {
     Request& r = *running_[b];
     if (r.decoding()) {
       feed[b] = r.seq->last_token();
       rows[b] = model::RowInput{std::span<const int32_t>(&feed[b], 1), false, true};
       --budget;
+      ++decode_rows;
     }
   }
+  budget = step_budget_.prefill_allowance(decode_rows, budget);
   for (size_t b = 0; b < B && budget > 0; ++b) {
     Request& r = *running_[b];
     if (r.decoding()) continue;
@@ -271,6 +282,7 @@ bool Scheduler::step() {
     rows[b] = model::RowInput{std::span<const int32_t>(r.req.prompt).subspan(r.prefilled, n), false,
                               last};
     budget -= n;
+    prefill_tokens += n;
   }
 
   // 3. One forward for every row.
@@ -337,6 +349,7 @@ bool Scheduler::step() {
     }
   }
   if (keep.size() != B) batch_.filter(keep);
+  step_budget_.observe(decode_rows, prefill_tokens, step_seconds() - t0);
   std::lock_guard<std::mutex> lock(mu_);
   running_ = std::move(next);
   m_.running = running_.size();
@@ -345,7 +358,7 @@ bool Scheduler::step() {
   m_.generation_tokens_total += generated;
   for (double t : ttfts) m_.ttft.observe(t);
   for (double t : itls) m_.itl.observe(t);
-  if (running_.empty()) batch_ = kv::BatchKv(spec_);  // give the memory back
+  if (running_.empty()) batch_ = kv::BatchKv(spec_, model_.kv_allocator());  // give the memory back
   cv_.notify_all();
   return true;
 }

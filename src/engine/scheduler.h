@@ -7,7 +7,11 @@
 // prompt never freezes running streams. Admission is first come, first
 // served against a KV byte budget using BatchKv::projected_bytes(prompt +
 // max_tokens); an admitted request is never evicted or truncated. A
-// cancelled request leaves at the next step and its KV is freed.
+// cancelled request leaves at the next step and its KV is freed. While
+// rows decode, a step's prompt tokens are also capped so that the step's
+// projected time stays near step_target_ms (StepTimeBudget,
+// engine/step_policy.h), so a running stream's time per token stays near
+// the target instead of growing with the prompts that arrive.
 //
 // Threading: one engine thread runs steps; submit()/cancel()/metrics() may
 // be called from any thread. Sinks are called on the engine thread and must
@@ -28,6 +32,7 @@
 
 #include "engine/generate.h"
 #include "engine/sequence.h"
+#include "engine/step_policy.h"
 #include "kv/batch_kv.h"
 
 namespace ferry::engine {
@@ -60,6 +65,15 @@ struct SchedulerOptions {
   kernels::KvFormat kv_k = kernels::KvFormat::f16();
   kernels::KvFormat kv_v = kernels::KvFormat::f16();
   size_t threads = 0;  // kernel threads (0: all cores)
+  // Step-time target while rows decode (StepTimeBudget); 0: off, prompts
+  // take the whole token budget. 150 ms: on a 2-core CPU a step of 16
+  // decode rows of SmolLM2-135M takes about 100 ms; the trade against 0
+  // and 300 is measured in docs/BENCHMARKS.md ("ferry bench").
+  double step_target_ms = 150;
+  size_t step_min_prefill = 32;  // prompt tokens a step always may take
+  // Seconds on a monotonic clock for timing steps (null: steady_clock).
+  // Tests inject a fake to make the step-time policy deterministic.
+  std::function<double()> step_clock;
 };
 
 // Histogram with fixed bucket bounds (seconds), Prometheus-style.
@@ -117,6 +131,7 @@ class Scheduler {
   void loop();
   void admit_locked();
   void finish(Request& r, const StreamEvent& ev);
+  double step_seconds() const;
 
   const model::Model& model_;
   const text::Tokenizer& tok_;
@@ -124,6 +139,7 @@ class Scheduler {
   kv::KvSpec spec_;
   std::unique_ptr<ThreadPool> pool_;
   kernels::Context ctx_;
+  StepTimeBudget step_budget_;  // engine thread only
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

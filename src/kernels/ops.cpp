@@ -23,6 +23,34 @@ const PathKernels& kernels_for(CpuPath p) {
   fail("kernels", "unknown cpu path");
 }
 
+MatmulInt8Cols int8_cols_for(CpuPath p) {
+  if (p == CpuPath::Avx512 && cpu_features().avx512vnni) return avx512vnni_matmul_int8_cols();
+  return kernels_for(p).matmul_int8_cols;
+}
+
+std::string_view matmul_mode_name(MatmulMode m) {
+  return m == MatmulMode::Int8 ? "int8" : "exact";
+}
+
+std::optional<MatmulMode> parse_matmul_mode(std::string_view name) {
+  if (name == "exact") return MatmulMode::Exact;
+  if (name == "int8") return MatmulMode::Int8;
+  return std::nullopt;
+}
+
+bool int8_matmul_supported(DType t) {
+  switch (t) {
+    case DType::Q8_0:
+    case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q4_K:
+    case DType::Q5_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
 namespace {
 void run(const Context& ctx, size_t n, size_t grain,
          const std::function<void(size_t, size_t)>& fn) {
@@ -38,8 +66,99 @@ float dot(CpuPath path, const float* a, const float* b, size_t n) {
   return kernels_for(path).dot(a, b, n);
 }
 
+namespace {
+
+// Owner of the QuantRows buffers (one per calling thread, reused).
+struct QuantBuffer {
+  std::vector<int8_t> codes;
+  std::vector<float> d, dsum;
+  std::vector<int32_t> sum;
+  QuantRows view;
+};
+
+// Rounds to the nearest integer, ties to even, for |v| <= 2^22: adding and
+// removing 1.5 * 2^23 leaves no fraction bits (exact IEEE steps, the same
+// on every path and compiler, no dependence on library rounding calls).
+inline float round_even(float v) {
+  constexpr float kMagic = 0x1.8p23f;
+  return (v + kMagic) - kMagic;
+}
+
+// Row r of x into the QuantRows layout (path_kernels.h). Per block: d =
+// amax / 127, code = round_even(x / d), clamped to [-127, 127] (a quotient
+// can exceed 127 only by rounding of d, and then by far less than 0.5). A
+// zero block gets d = 0 and zero codes; a block with a non-finite element
+// gets zero codes and a non-finite d, so the output is non-finite as it
+// would be in exact mode.
+void quantize_row(const float* x, size_t r, QuantBuffer& q) {
+  const size_t nb = q.view.nb, nb16 = q.view.nb16;
+  int8_t* codes = q.codes.data() + r * nb16 * 32;
+  for (size_t b = 0; b < nb16; ++b) {
+    const size_t i = r * nb16 + b;
+    // Where code k of block b goes: its chunk and offset, or plain order.
+    const bool chunked = q.view.chunked;
+    int8_t* c = codes + (chunked ? 512 * (b / 16) : 32 * b);
+    const size_t width = chunk_width(nb - b / 16 * 16);
+    auto at = [&](size_t k) { return chunked ? chunk_code_offset(b % 16, k, width) : k; };
+    if (b >= nb) {
+      if (!chunked || b % 16 < width)
+        for (size_t k = 0; k < 32; ++k) c[at(k)] = 0;
+      q.d[i] = q.dsum[i] = 0.0f;
+      q.sum[i] = 0;
+      continue;
+    }
+    const float* xb = x + 32 * b;
+    float amax = 0.0f;
+    for (size_t k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(xb[k]));
+    for (size_t k = 0; k < 32; ++k) amax = std::isnan(xb[k]) ? xb[k] : amax;
+    const float d = amax / 127.0f;
+    int32_t s = 0;
+    for (size_t k = 0; k < 32; ++k) {
+      float v = d > 0.0f && std::isfinite(d) ? round_even(xb[k] / d) : 0.0f;
+      v = std::min(127.0f, std::max(-127.0f, v));
+      const int8_t code = static_cast<int8_t>(v);
+      c[at(k)] = code;
+      s += code;
+    }
+    q.d[i] = d;
+    q.sum[i] = s;
+    q.dsum[i] = static_cast<float>(s) * d;
+  }
+}
+
+void quantize_rows(const Context& ctx, const float* x, size_t n_rows, size_t n_in, QuantBuffer& q) {
+  const size_t nb = n_in / 32, nb16 = (nb + 15) / 16 * 16;
+  q.codes.resize(n_rows * nb16 * 32);
+  q.d.resize(n_rows * nb16);
+  q.dsum.resize(n_rows * nb16);
+  q.sum.resize(n_rows * nb16);
+  q.view = {q.codes.data(), q.d.data(), q.sum.data(), q.dsum.data(), nb, nb16};
+  q.view.chunked = n_rows > kNaturalLayoutMaxRows;
+  run(ctx, n_rows, 4, [&](size_t r0, size_t r1) {
+    for (size_t r = r0; r < r1; ++r) quantize_row(x + r * n_in, r, q);
+  });
+}
+
+}  // namespace
+
+void matmul_int8_with(MatmulInt8Cols cols, const Context& ctx, const WeightView& w, const float* x,
+                      size_t n_rows, float* y) {
+  FERRY_CHECK(int8_matmul_supported(w.type), "matmul", "int8 mode does not support ",
+              dtype_traits(w.type).name);
+  FERRY_CHECK(w.n_in % 32 == 0, "matmul", "n_in=", w.n_in, " is not a multiple of 32");
+  // Quantized once per call, shared read-only by the column threads.
+  // (A lambda naming a thread_local sees the running thread's instance, so
+  // the workers get the view by value.)
+  thread_local QuantBuffer buffer;
+  quantize_rows(ctx, x, n_rows, w.n_in, buffer);
+  const QuantRows q = buffer.view;
+  run(ctx, w.n_out, 16, [&, q](size_t j0, size_t j1) { cols(w, q, n_rows, y, j0, j1); });
+}
+
 void matmul(const Context& ctx, const WeightView& w, const float* x, size_t n_rows, float* y) {
   FERRY_CHECK(w.n_in % 16 == 0, "matmul", "n_in=", w.n_in, " is not a multiple of 16");
+  if (ctx.matmul == MatmulMode::Int8 && int8_matmul_supported(w.type))
+    return matmul_int8_with(int8_cols_for(ctx.path), ctx, w, x, n_rows, y);
   const PathKernels& k = kernels_for(ctx.path);
   // Grain of 16 output columns keeps each thread's tile a multiple of the
   // 4-row tile; the split never changes any element's arithmetic.

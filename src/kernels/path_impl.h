@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/int8_impl.h"
 #include "kernels/kv_decode.h"
 #include "kernels/path_kernels.h"
 #include "kernels/quant_blocks.h"
@@ -256,7 +257,7 @@ inline void attention_head(const AttentionShape& s, const AttentionTask& t, size
 }
 
 inline const PathKernels& table() {
-  static const PathKernels k{&dot, &matmul_cols, &attention_head};
+  static const PathKernels k{&dot, &matmul_cols, &attention_head, &int8::matmul_cols};
   return k;
 }
 

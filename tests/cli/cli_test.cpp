@@ -153,4 +153,55 @@ TEST(Cli, BadJsonlLineNamesTheLine) {
   EXPECT_NE(r.out.find("bad.jsonl:2"), std::string::npos) << r.out;
 }
 
+// `ferry bench` on the tiny test model: exact token counts and sane figures.
+TEST(Cli, BenchJsonCountsAreExactAndFiguresSane) {
+  const std::string model = std::string(FERRY_TEST_DATA) + "/models/tiny-llama-f32.gguf";
+  Result r = ferry("bench -q --json -m " + model +
+                   " --requests 6 --concurrency 3 --prompt-tokens 9 --output-tokens 5 "
+                   "--warmup 1 --prefill-chunk 4 -t 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["requests"], 6);
+  EXPECT_EQ(j["concurrency"], 3);
+  EXPECT_EQ(j["prompt_tokens"], 6 * 9);
+  EXPECT_EQ(j["output_tokens"], 6 * 5);
+  for (const char* k : {"wall_s", "output_tok_s", "total_tok_s", "requests_per_s", "prefill_tok_s",
+                        "decode_tok_s", "kv_peak_bytes_per_token"})
+    EXPECT_GT(j[k].get<double>(), 0) << k;
+  const double wall = j["wall_s"].get<double>();
+  EXPECT_NEAR(j["output_tok_s"].get<double>(), 30 / wall, 1e-6 * 30 / wall);
+  for (const char* k : {"ttft_ms", "itl_ms"}) {
+    EXPECT_GT(j[k]["p50"].get<double>(), 0) << k;
+    EXPECT_LE(j[k]["p50"].get<double>(), j[k]["p99"].get<double>()) << k;
+    EXPECT_LE(j[k]["p99"].get<double>(), wall * 1000) << k;
+  }
+  EXPECT_GT(j["peak_rss_bytes"].get<double>(), 1 << 20);
+  EXPECT_GT(j["kv_bytes_per_token"].get<size_t>(), 0u);
+  // Three rows held at least their 9-token prompts at once.
+  EXPECT_GE(j["kv_peak_bytes"].get<size_t>(), 3 * 9 * j["kv_bytes_per_token"].get<size_t>());
+
+  // Drawn lengths: totals still exact sums, the same for the same seed.
+  const std::string dist = "bench -q --json -m " + model +
+                           " --requests 5 --concurrency 2 --prompt-dist uniform:3:12 "
+                           "--output-dist uniform:1:4 --warmup 0 --seed 3";
+  Result a = ferry(dist), b = ferry(dist);
+  ASSERT_EQ(a.code, 0) << a.out;
+  auto ja = nlohmann::json::parse(a.out), jb = nlohmann::json::parse(b.out);
+  EXPECT_EQ(ja["prompt_tokens"], jb["prompt_tokens"]);
+  EXPECT_EQ(ja["output_tokens"], jb["output_tokens"]);
+  EXPECT_GE(ja["prompt_tokens"].get<size_t>(), 5u * 3);
+  EXPECT_LE(ja["prompt_tokens"].get<size_t>(), 5u * 12);
+  EXPECT_GE(ja["output_tokens"].get<size_t>(), 5u * 1);
+  EXPECT_LE(ja["output_tokens"].get<size_t>(), 5u * 4);
+
+  Result bad = ferry("bench -q -m " + model + " --prompt-dist uniform:9:3", true);
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.out.find("--prompt-dist"), std::string::npos) << bad.out;
+  Result help = ferry("bench --help");
+  EXPECT_EQ(help.code, 0);
+  for (const char* flag : {"--requests", "--concurrency", "--prompt-tokens", "--output-tokens",
+                           "--step-target-ms", "--kv-bits", "--warmup", "--json"})
+    EXPECT_NE(help.out.find(flag), std::string::npos) << flag;
+}
+
 }  // namespace

@@ -2,7 +2,9 @@
 // every request's tokens equal its solo run whatever else is running, with
 // prompts chunked beside decoding rows; exact FCFS admission under a KV
 // budget; the budget back to zero; cancellation of waiting and running
-// requests; requests that could never fit are refused at once.
+// requests; requests that could never fit are refused at once; with the
+// step-time policy on (and a fake clock), every decoding row advances each
+// step while prompts still make progress.
 #include "engine/scheduler.h"
 
 #include <gtest/gtest.h>
@@ -60,6 +62,7 @@ SchedulerOptions options(size_t max_batch) {
   o.max_batch = max_batch;
   o.prefill_chunk = 3;  // prompts arrive in chunks beside decoding rows
   o.step_token_budget = 8;
+  o.step_target_ms = 0;  // exact step compositions: no timing in the plan
   o.kv_k = o.kv_v = kernels::KvFormat::f32();
   o.threads = 2;
   return o;
@@ -178,6 +181,71 @@ TEST(Scheduler, BadRequestsAreRefusedAtSubmit) {
   bad.sampling.top_p = 2;
   EXPECT_THROW(s.submit(bad, [](const StreamEvent&) {}), Error);
   EXPECT_FALSE(s.step());
+}
+
+// Every step is measured at 1 s (the fake clock advances 0.5 s per reading,
+// two readings per step) against a 100 ms target, so while rows decode the
+// policy allows only step_min_prefill prompt tokens per step.
+TEST(Scheduler, StepTargetCapsPromptsButNeverDecodeRows) {
+  Fixture f;
+  SchedulerOptions o = options(8);
+  o.step_token_budget = 64;
+  o.step_target_ms = 100;
+  o.step_min_prefill = 2;
+  auto ticks = std::make_shared<int>(0);
+  o.step_clock = [ticks] { return 0.5 * ++*ticks; };
+  Scheduler s(*f.model, *f.tok, o, false);
+  std::vector<GenerationRequest> reqs;
+  std::vector<std::shared_ptr<Collected>> got;
+  size_t counter = 0;
+  auto submit = [&](size_t prompt_len, size_t max_tokens, uint32_t salt) {
+    reqs.push_back(make(prompt_len, max_tokens, salt));
+    Sink sink;
+    got.push_back(sink_into(&sink, &counter));
+    s.submit(reqs.back(), sink);
+  };
+  submit(4, 30, 1);
+  submit(4, 30, 2);
+  // Nothing decodes yet: the whole budget (two chunks of 3).
+  ASSERT_TRUE(s.step());
+  EXPECT_EQ(s.metrics().prompt_tokens_total, 6u);
+  ASSERT_TRUE(s.step());  // the prompts' last tokens; both now decode
+  for (uint32_t i = 0; i < 3; ++i) submit(10, 5, 10 + i);
+  size_t steps = 0, capped_steps = 0;
+  for (;;) {
+    std::vector<size_t> before;
+    size_t decoding = 0, pending_prompts = 0;
+    for (auto& c : got) {
+      before.push_back(c->tokens.size());
+      if (!c->tokens.empty() && !c->finished) ++decoding;
+      if (c->tokens.empty()) ++pending_prompts;
+    }
+    const uint64_t prompt_before = s.metrics().prompt_tokens_total;
+    if (!s.step()) break;
+    ASSERT_LT(++steps, 1000u);
+    const uint64_t prompt_step = s.metrics().prompt_tokens_total - prompt_before;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (before[i] > 0 && !(got[i]->finished && got[i]->tokens.size() == before[i])) {
+        EXPECT_EQ(got[i]->tokens.size(), before[i] + 1) << "request " << i << ", step " << steps;
+      }
+    }
+    if (pending_prompts > 0) {
+      EXPECT_GT(prompt_step, 0u) << "step " << steps;
+    }
+    if (decoding > 0) {
+      EXPECT_LE(prompt_step, 2u) << "step " << steps;
+      ++capped_steps;
+    }
+  }
+  EXPECT_GT(capped_steps, 10u);
+  ThreadPool pool(1);
+  kernels::Context ctx{&pool, best_cpu_path()};
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    GenerationResult solo = generate(*f.model, *f.tok, ctx, reqs[i], nullptr);
+    EXPECT_TRUE(got[i]->finished) << i;
+    EXPECT_EQ(got[i]->tokens, solo.tokens) << "request " << i;
+  }
+  EXPECT_EQ(s.metrics().kv_bytes_in_use, 0u);
 }
 
 TEST(Scheduler, ThreadedLoopDrainsOnShutdown) {

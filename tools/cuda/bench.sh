@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# GPU benchmarks of issue 6 on one NVIDIA GPU: ferry (deterministic and
+# fast modes) and Hugging Face transformers on a Llama-3.1-8B-shaped model
+# with random weights made here from a seed. Random weights measure speed
+# only. docs/BENCHMARKS.md ("GPU") records the last results.
+#
+#   tools/cuda/bench.sh [BUILD_DIR] [OUT_DIR]
+#
+# BUILD_DIR: a -DFERRY_CUDA=ON build (built there if it has no ferry).
+# OUT_DIR (default $OUT or /tmp/ferry-gpu-bench): one JSON per run.
+# Environment: SHAPE (llama-3.1-8b), TYPES (bf16), RUNS (which groups:
+# single,batch,kv,hf), BATCHES (64,256).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=${1:-build-cuda}
+out=${2:-${OUT:-/tmp/ferry-gpu-bench}}
+shape=${SHAPE:-llama-3.1-8b}
+types=${TYPES:-bf16}
+runs=${RUNS:-single,batch,kv,hf}
+batches=${BATCHES:-64,256}
+mkdir -p "$out"
+if [[ ! -x $build/ferry ]]; then
+  cmake -S . -B "$build" -DFERRY_CUDA=ON -DCMAKE_BUILD_TYPE=Release
+  cmake --build "$build" -j"$(nproc)" --target ferry
+fi
+for d in "$PWD/.devlibs" /usr/local/cuda/lib64 /usr/local/cuda/lib; do
+  [[ -d $d ]] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+done
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+models=${MODEL_DIR:-/tmp/ferry-models}
+mkdir -p "$models"
+has() { [[ ,$runs, == *,$1,* ]]; }
+
+# ferry bench NAME ARGS...: one run, its JSON kept, one summary line.
+fb() {
+  local name=$1
+  shift
+  "$build/ferry" bench --device cuda --quiet --json "$@" >"$out/$name.json"
+  python3 - "$out/$name.json" "$name" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+print(f"{sys.argv[2]:28s} out {j['output_tok_s']:9.1f} tok/s  decode/stream "
+      f"{j['decode_tok_s']:7.1f} tok/s  TTFT p50 {j['ttft_ms']['p50']:8.1f} ms  "
+      f"ITL p50 {j['itl_ms']['p50']:6.1f} p99 {j['itl_ms']['p99']:6.1f} ms  "
+      f"KV peak {j['kv_peak_bytes'] / 2**30:.2f} GiB", flush=True)
+PY
+}
+
+for t in ${types//,/ }; do
+  model=$models/$shape-$t.gguf
+  if [[ ! -f $model ]]; then
+    s=$(date +%s)
+    python3 tools/cuda/make_random_gguf.py "$model" --shape "$shape" --type "$t" --seed 0
+    echo "made $model in $(($(date +%s) - s)) s"
+  fi
+  for mode in deterministic no-deterministic; do
+    tag=$t-${mode#no-}
+    [[ $mode == no-deterministic ]] && tag=$t-fast
+    if has single; then
+      fb "$tag-single" -m "$model" --$mode --requests 3 --concurrency 1 --warmup 1 \
+        --prompt-tokens 128 --output-tokens 128
+    fi
+    if has batch; then
+      for b in ${batches//,/ }; do
+        fb "$tag-c$b" -m "$model" --$mode --requests "$b" --concurrency "$b" --warmup 4 \
+          --prompt-tokens 128 --output-tokens 128 --max-batch "$b" --step-tokens 8192 \
+          --prefill-chunk 128 --step-target-ms 0
+      done
+    fi
+  done
+  if has kv; then
+    for kvf in "--kv-dtype bf16" "--kv-bits 4 --kv-group 64" "--kv-bits 8 --kv-group 64"; do
+      name=$t-kv-$(echo "$kvf" | tr -d ' -' | sed 's/kvdtype//; s/kvbits/q/; s/kvgroup/g/')
+      # shellcheck disable=SC2086
+      fb "$name-4k" -m "$model" --deterministic $kvf --requests 2 --concurrency 1 --warmup 1 \
+        --prompt-tokens 4096 --output-tokens 64 --prefill-chunk 512 --step-tokens 512
+    done
+  fi
+done
+if has hf; then
+  PYTHONUNBUFFERED=1 python3 tools/cuda/hf_peer.py --shape "$shape" --batches "$batches" \
+    --json "$out/hf.json" || echo "transformers peer failed"
+fi
