@@ -80,11 +80,13 @@ __device__ __forceinline__ void decode_run(const SideView& s, size_t j, uint32_t
       if (s.bits == 4) {
         const auto b = load_bytes<N / 2>(row + i0 / 2);
 #pragma unroll
-        for (int i = 0; i < N; ++i) out[i] = __fadd_rn(__fmul_rn(sc, static_cast<float>(b.field(i, 4))), bi);
+        for (int i = 0; i < N; ++i)
+          out[i] = __fadd_rn(__fmul_rn(sc, static_cast<float>(b.field(i, 4))), bi);
       } else {
         const auto b = load_bytes<N>(row + i0);
 #pragma unroll
-        for (int i = 0; i < N; ++i) out[i] = __fadd_rn(__fmul_rn(sc, static_cast<float>(b.field(i, 8))), bi);
+        for (int i = 0; i < N; ++i)
+          out[i] = __fadd_rn(__fmul_rn(sc, static_cast<float>(b.field(i, 8))), bi);
       }
       return;
     }
@@ -96,7 +98,8 @@ __device__ __forceinline__ void decode_run(const SideView& s, size_t j, uint32_t
 // Dynamic shared memory: q [kG][D], acc [kG][D], m [kG], l [kG] floats.
 template <int kG, int kE>
 __global__ void __launch_bounds__(kWarps * 32)
-    attention_kernel(const AttentionJob* jobs, uint32_t n_heads, uint32_t group_heads, uint32_t D, float scale) {
+    attention_kernel(const AttentionJob* jobs, uint32_t n_heads, uint32_t group_heads, uint32_t D,
+                     float scale) {
   extern __shared__ __align__(16) float smem[];
   float* q_s = smem;
   float* acc_s = q_s + kG * D;
@@ -112,7 +115,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const uint32_t h0 = kvh * group_heads + blockIdx.z * kG;  // first query head
   const int gh = static_cast<int>(min(static_cast<uint32_t>(kG), group_heads - blockIdx.z * kG));
   if (threadIdx.x < sizeof(AttentionJob) / 4)
-    reinterpret_cast<uint32_t*>(job_raw)[threadIdx.x] = reinterpret_cast<const uint32_t*>(jobs + blockIdx.x)[threadIdx.x];
+    reinterpret_cast<uint32_t*>(job_raw)[threadIdx.x] =
+        reinterpret_cast<const uint32_t*>(jobs + blockIdx.x)[threadIdx.x];
   __syncthreads();
   for (uint32_t i = threadIdx.x; i < kG * D; i += kWarps * 32) {
     const uint32_t h = i / D;
@@ -216,7 +220,8 @@ __global__ void __launch_bounds__(kWarps * 32)
           const float b = mm == -INFINITY ? 0.0f : expf(m[h] - mm);
           if (v_lane)
             for (int e = 0; e < kE; ++e)
-              acc_s[h * D + d0 + e] = __fadd_rn(__fmul_rn(acc_s[h * D + d0 + e], a), __fmul_rn(acc[h][e], b));
+              acc_s[h * D + d0 + e] =
+                  __fadd_rn(__fmul_rn(acc_s[h * D + d0 + e], a), __fmul_rn(acc[h][e], b));
           __syncwarp();  // every lane read m_s before lane 0 rewrites it
           if (lane == 0) {
             m_s[h] = mm;
@@ -235,19 +240,20 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 template <int kG, int kE>
-void launch(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& s, uint32_t group_heads,
-            cudaStream_t stream) {
+void launch(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& s,
+            uint32_t group_heads, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(n_jobs), static_cast<unsigned>(s.n_kv_heads),
                   static_cast<unsigned>((group_heads + kG - 1) / kG));
   const size_t smem = (2 * kG * s.head_dim + 2 * kG) * sizeof(float);
-  attention_kernel<kG, kE><<<grid, kWarps * 32, smem, stream>>>(jobs, static_cast<uint32_t>(s.n_heads), group_heads,
-                                                                static_cast<uint32_t>(s.head_dim), s.scale);
+  attention_kernel<kG, kE>
+      <<<grid, kWarps * 32, smem, stream>>>(jobs, static_cast<uint32_t>(s.n_heads), group_heads,
+                                            static_cast<uint32_t>(s.head_dim), s.scale);
   FERRY_CUDA_LAUNCHED("attention_kernel");
 }
 
 template <int kE>
-void launch_e(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& s, uint32_t group_heads,
-              cudaStream_t stream) {
+void launch_e(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& s,
+              uint32_t group_heads, cudaStream_t stream) {
   if (group_heads == 1) return launch<1, kE>(jobs, n_jobs, s, group_heads, stream);
   if (group_heads == 2) return launch<2, kE>(jobs, n_jobs, s, group_heads, stream);
   if (group_heads <= 4) return launch<4, kE>(jobs, n_jobs, s, group_heads, stream);
@@ -261,8 +267,9 @@ void attention(const AttentionJob* jobs, size_t n_jobs, const kernels::Attention
   if (n_jobs == 0) return;
   const size_t D = shape.head_dim;
   FERRY_CHECK(D % 16 == 0 && D > 0 && D <= 256, "attention", "head_dim=", D);
-  FERRY_CHECK(shape.n_kv_heads > 0 && shape.n_kv_heads <= 65535 && shape.n_heads % shape.n_kv_heads == 0,
-              "attention", "n_heads=", shape.n_heads, " n_kv_heads=", shape.n_kv_heads);
+  FERRY_CHECK(
+      shape.n_kv_heads > 0 && shape.n_kv_heads <= 65535 && shape.n_heads % shape.n_kv_heads == 0,
+      "attention", "n_heads=", shape.n_heads, " n_kv_heads=", shape.n_kv_heads);
   FERRY_CHECK(n_jobs <= 0x7fffffffu, "attention", n_jobs, " jobs");
   static_assert(sizeof(AttentionJob) % 4 == 0 && sizeof(AttentionJob) / 4 <= kWarps * 32);
   const uint32_t group_heads = static_cast<uint32_t>(shape.n_heads / shape.n_kv_heads);

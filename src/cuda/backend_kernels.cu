@@ -14,8 +14,7 @@ __global__ void gather_rows_kernel(const float* __restrict__ x, const uint32_t* 
   for (size_t i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = src[i];
 }
 
-__global__ void f32_to_f16_kernel(const float* __restrict__ x, size_t n,
-                                  __half* __restrict__ out) {
+__global__ void f32_to_f16_kernel(const float* __restrict__ x, size_t n, __half* __restrict__ out) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x)
     out[i] = __float2half_rn(x[i]);

@@ -19,7 +19,9 @@ namespace ferry::cuda::detail {
 
 // ---- f16 / bf16 (bit patterns in uint16_t) ----------------------------------
 
-__device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ float h2f(uint16_t h) {
+  return __half2float(__ushort_as_half(h));
+}
 __device__ __forceinline__ float bf2f(uint16_t b) {
   return __uint_as_float(static_cast<uint32_t>(b) << 16);
 }
@@ -31,7 +33,8 @@ __device__ __forceinline__ uint16_t f2h(float f) {
   const uint32_t x = __float_as_uint(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t absx = x & 0x7fffffffu;
-  if (absx >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0));
+  if (absx >= 0x7f800000u)
+    return static_cast<uint16_t>(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0));
   if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);
   if (absx < 0x38800000u) {
     if (absx < 0x33000000u) return static_cast<uint16_t>(sign);

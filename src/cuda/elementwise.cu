@@ -36,7 +36,8 @@ __global__ void __launch_bounds__(kNormThreads)
   __syncthreads();  // also orders every read of x before the writes (out may alias x)
   const float scale = scale_s;
   float* o = out + size_t{blockIdx.x} * dim;
-  for (uint32_t i = threadIdx.x; i < dim; i += kNormThreads) o[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+  for (uint32_t i = threadIdx.x; i < dim; i += kNormThreads)
+    o[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
 }
 
 // One thread per (row, head, pair): pairs (2i, 2i+1) rotate by pos[row] * inv_freq[i].
@@ -56,19 +57,22 @@ __global__ void rope_kernel(float* x, size_t n_pairs, uint32_t n_heads, uint32_t
 }
 
 __global__ void silu_mul_kernel(float* gate, const float* up, size_t n) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
     const float g = gate[i];
     gate[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[i]);
   }
 }
 
 __global__ void add_kernel(float* x, const float* y, size_t n) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x)
     x[i] = __fadd_rn(x[i], y[i]);
 }
 
 __global__ void f32_to_bf16_kernel(const float* x, size_t n, uint16_t* out) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x)
     out[i] = f2bf(x[i]);
 }
 
@@ -79,8 +83,10 @@ constexpr unsigned kThreads = 256;
 void rmsnorm(const float* x, const float* w, size_t n_rows, size_t dim, float eps, float* out,
              cudaStream_t stream) {
   if (n_rows == 0) return;
-  FERRY_CHECK(n_rows <= 0x7fffffffu && dim > 0 && dim <= 0xffffffffu, "rmsnorm", "rows=", n_rows, " dim=", dim);
-  rmsnorm_kernel<<<static_cast<unsigned>(n_rows), kNormThreads, 0, stream>>>(x, w, static_cast<uint32_t>(dim), eps, out);
+  FERRY_CHECK(n_rows <= 0x7fffffffu && dim > 0 && dim <= 0xffffffffu, "rmsnorm", "rows=", n_rows,
+              " dim=", dim);
+  rmsnorm_kernel<<<static_cast<unsigned>(n_rows), kNormThreads, 0, stream>>>(
+      x, w, static_cast<uint32_t>(dim), eps, out);
   FERRY_CUDA_LAUNCHED("rmsnorm_kernel");
 }
 
@@ -90,7 +96,8 @@ void rope(float* x, size_t n_rows, size_t n_heads, size_t head_dim, const int32_
   const size_t n_pairs = n_rows * n_heads * (head_dim / 2);
   if (n_pairs == 0) return;
   rope_kernel<<<elementwise_blocks(n_pairs, kThreads), kThreads, 0, stream>>>(
-      x, n_pairs, static_cast<uint32_t>(n_heads), static_cast<uint32_t>(head_dim / 2), pos, inv_freq);
+      x, n_pairs, static_cast<uint32_t>(n_heads), static_cast<uint32_t>(head_dim / 2), pos,
+      inv_freq);
   FERRY_CUDA_LAUNCHED("rope_kernel");
 }
 

@@ -28,7 +28,8 @@ constexpr unsigned kThreads = 128;
 // Block r decodes row tokens[r]; threads walk its units.
 template <DType T>
 __global__ void __launch_bounds__(kThreads)
-    embed_kernel(const uint8_t* table, size_t row_bytes, uint32_t n_units, const int32_t* tokens, float* out) {
+    embed_kernel(const uint8_t* table, size_t row_bytes, uint32_t n_units, const int32_t* tokens,
+                 float* out) {
   using U = Gguf<T>;
   const uint8_t* row = table + static_cast<size_t>(tokens[blockIdx.x]) * row_bytes;
   float* o = out + size_t{blockIdx.x} * n_units * U::kElems;
@@ -37,17 +38,20 @@ __global__ void __launch_bounds__(kThreads)
     U::decode(row, u, v);
     float4* dst = reinterpret_cast<float4*>(o + size_t{u} * U::kElems);
 #pragma unroll
-    for (int i = 0; i < U::kElems / 4; ++i) dst[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+    for (int i = 0; i < U::kElems / 4; ++i)
+      dst[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
   }
 }
 
 // One thread per (row, unit).
 template <DType T>
 __global__ void __launch_bounds__(kThreads)
-    dequantize_bf16_kernel(const uint8_t* w, size_t row_bytes, uint32_t n_units, size_t n_out, uint16_t* out) {
+    dequantize_bf16_kernel(const uint8_t* w, size_t row_bytes, uint32_t n_units, size_t n_out,
+                           uint16_t* out) {
   using U = Gguf<T>;
   const size_t total = n_out * n_units;
-  for (size_t t = blockIdx.x * size_t{kThreads} + threadIdx.x; t < total; t += size_t{gridDim.x} * kThreads) {
+  for (size_t t = blockIdx.x * size_t{kThreads} + threadIdx.x; t < total;
+       t += size_t{gridDim.x} * kThreads) {
     const size_t j = t / n_units;
     const uint32_t u = static_cast<uint32_t>(t % n_units);
     float v[U::kElems];
@@ -57,7 +61,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < U::kElems / 8; ++i) {
       uint32_t p[4];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) p[k] = f2bf(v[8 * i + 2 * k]) | (static_cast<uint32_t>(f2bf(v[8 * i + 2 * k + 1])) << 16);
+      for (int k = 0; k < 4; ++k)
+        p[k] = f2bf(v[8 * i + 2 * k]) | (static_cast<uint32_t>(f2bf(v[8 * i + 2 * k + 1])) << 16);
       dst[i] = make_uint4(p[0], p[1], p[2], p[3]);
     }
   }
@@ -73,8 +78,8 @@ void embed(const uint8_t* table, DType type, size_t n_in, const int32_t* tokens,
   dispatch_dtype(type, "embed", [&](auto tag) {
     constexpr DType T = decltype(tag)::value;
     const uint32_t n_units = static_cast<uint32_t>(n_in / Gguf<T>::kElems);
-    embed_kernel<T><<<static_cast<unsigned>(n_tokens), kThreads, 0, stream>>>(table, row_bytes(type, n_in), n_units,
-                                                                           tokens, out);
+    embed_kernel<T><<<static_cast<unsigned>(n_tokens), kThreads, 0, stream>>>(
+        table, row_bytes(type, n_in), n_units, tokens, out);
     FERRY_CUDA_LAUNCHED("embed_kernel");
   });
 }
@@ -86,8 +91,9 @@ void dequantize_bf16(const uint8_t* w, DType type, size_t n_in, size_t n_out, ui
   dispatch_dtype(type, "dequantize_bf16", [&](auto tag) {
     constexpr DType T = decltype(tag)::value;
     const uint32_t n_units = static_cast<uint32_t>(n_in / Gguf<T>::kElems);
-    dequantize_bf16_kernel<T><<<elementwise_blocks(n_out * n_units, kThreads), kThreads, 0, stream>>>(
-        w, row_bytes(type, n_in), n_units, n_out, out);
+    dequantize_bf16_kernel<T>
+        <<<elementwise_blocks(n_out * n_units, kThreads), kThreads, 0, stream>>>(
+            w, row_bytes(type, n_in), n_units, n_out, out);
     FERRY_CUDA_LAUNCHED("dequantize_bf16_kernel");
   });
 }

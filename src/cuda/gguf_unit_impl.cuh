@@ -100,7 +100,8 @@ struct Gguf<DType::Q4_1> {
   __device__ static void decode(const uint8_t* row, uint32_t u, float* out) {
     const uint8_t* b = row + size_t{u} * 20;
     const uint32_t dm = ld_u32(b);
-    const float d = h2f(static_cast<uint16_t>(dm & 0xffff)), m = h2f(static_cast<uint16_t>(dm >> 16));
+    const float d = h2f(static_cast<uint16_t>(dm & 0xffff)),
+                m = h2f(static_cast<uint16_t>(dm >> 16));
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const uint32_t w = ld_u32(b + 4 + 4 * i);
@@ -116,7 +117,8 @@ struct Gguf<DType::Q4_1> {
 
 // The packed 6-bit (scale, min) of sub-block j of Q4_K / Q5_K; `s` holds the
 // 12 scale bytes as three little-endian words.
-__device__ __forceinline__ void k_scale_min(int j, const uint32_t s[3], uint32_t* sc, uint32_t* mn) {
+__device__ __forceinline__ void k_scale_min(int j, const uint32_t s[3], uint32_t* sc,
+                                            uint32_t* mn) {
   auto byte = [&](int i) { return (s[i / 4] >> (8 * (i % 4))) & 0xffu; };
   if (j < 4) {
     *sc = byte(j) & 63;
@@ -141,7 +143,8 @@ struct GgufK45 {
     const float dmin = h2f(static_cast<uint16_t>(head.w[0] >> 16));
     uint32_t sc, mn;
     k_scale_min(s, &head.w[1], &sc, &mn);
-    const float d0 = __fmul_rn(d, static_cast<float>(sc)), m0 = __fmul_rn(dmin, static_cast<float>(mn));
+    const float d0 = __fmul_rn(d, static_cast<float>(sc)),
+                m0 = __fmul_rn(dmin, static_cast<float>(mn));
     const auto q = load_bytes<32>(b + (kHigh ? 48 : 16) + 32 * g);
     Bytes<32> qh{};
     if constexpr (kHigh) qh = load_bytes<32>(b + 16);
@@ -191,15 +194,24 @@ struct Gguf<DType::Q6_K> {
 template <class F>
 void dispatch_dtype(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::F32: return f(std::integral_constant<DType, DType::F32>{});
-    case DType::F16: return f(std::integral_constant<DType, DType::F16>{});
-    case DType::BF16: return f(std::integral_constant<DType, DType::BF16>{});
-    case DType::Q8_0: return f(std::integral_constant<DType, DType::Q8_0>{});
-    case DType::Q4_0: return f(std::integral_constant<DType, DType::Q4_0>{});
-    case DType::Q4_1: return f(std::integral_constant<DType, DType::Q4_1>{});
-    case DType::Q4_K: return f(std::integral_constant<DType, DType::Q4_K>{});
-    case DType::Q5_K: return f(std::integral_constant<DType, DType::Q5_K>{});
-    case DType::Q6_K: return f(std::integral_constant<DType, DType::Q6_K>{});
+    case DType::F32:
+      return f(std::integral_constant<DType, DType::F32>{});
+    case DType::F16:
+      return f(std::integral_constant<DType, DType::F16>{});
+    case DType::BF16:
+      return f(std::integral_constant<DType, DType::BF16>{});
+    case DType::Q8_0:
+      return f(std::integral_constant<DType, DType::Q8_0>{});
+    case DType::Q4_0:
+      return f(std::integral_constant<DType, DType::Q4_0>{});
+    case DType::Q4_1:
+      return f(std::integral_constant<DType, DType::Q4_1>{});
+    case DType::Q4_K:
+      return f(std::integral_constant<DType, DType::Q4_K>{});
+    case DType::Q5_K:
+      return f(std::integral_constant<DType, DType::Q5_K>{});
+    case DType::Q6_K:
+      return f(std::integral_constant<DType, DType::Q6_K>{});
   }
   ::ferry::fail(op, "unsupported weight type ", static_cast<uint32_t>(t));
 }

@@ -19,14 +19,18 @@ __device__ __forceinline__ void store_u16(uint8_t* p, uint32_t v) {
 
 // std::max / std::min semantics (the first argument on ties and NaN), which
 // the CPU's min/max scan and clamp rely on; fmaxf would differ on -0/+0.
-__device__ __forceinline__ float std_max(float a, float b) { return a < b ? b : a; }
-__device__ __forceinline__ float std_min(float a, float b) { return b < a ? b : a; }
+__device__ __forceinline__ float std_max(float a, float b) {
+  return a < b ? b : a;
+}
+__device__ __forceinline__ float std_min(float a, float b) {
+  return b < a ? b : a;
+}
 
 // One group of `group` values of x quantized as affine_quantize does, by one
 // thread: the group is at most 128 values and a write is one token, so the
 // serial scan costs nothing next to the launch.
-__device__ void affine_group(const float* v, int group, int bits, uint8_t* codes, uint8_t* scale_out,
-                             uint8_t* bias_out) {
+__device__ void affine_group(const float* v, int group, int bits, uint8_t* codes,
+                             uint8_t* scale_out, uint8_t* bias_out) {
   const float n_bins = static_cast<float>((1 << bits) - 1);
   float w_min = __int_as_float(0x7f800000), w_max = -w_min;
   for (int i = 0; i < group; ++i) {
@@ -61,22 +65,27 @@ __device__ void affine_group(const float* v, int group, int bits, uint8_t* codes
 
 // Block (write, kv head, side): side 0 is K, 1 is V.
 __global__ void __launch_bounds__(kThreads)
-    kv_store_kernel(const KvWrite* writes, uint32_t n_kv_heads, uint32_t D, const float* k, const float* v) {
+    kv_store_kernel(const KvWrite* writes, uint32_t n_kv_heads, uint32_t D, const float* k,
+                    const float* v) {
   const KvWrite& wr = writes[blockIdx.x];
   const uint32_t h = blockIdx.y;
   const kernels::KvSide& side = blockIdx.z == 0 ? wr.k : wr.v;
   const float* src = (blockIdx.z == 0 ? k : v) + (size_t{wr.token} * n_kv_heads + h) * D;
   // Planes are device memory the caller owns; KvSide spells them const for readers.
-  uint8_t* p0 = const_cast<uint8_t*>(side.plane[0]) + h * side.head_stride[0] + size_t{wr.slot} * side.unit[0];
+  uint8_t* p0 = const_cast<uint8_t*>(side.plane[0]) + h * side.head_stride[0] +
+                size_t{wr.slot} * side.unit[0];
   const Kind kind = side.format.kind;
   if (kind == Kind::F32) {
     for (uint32_t i = threadIdx.x; i < D; i += kThreads) reinterpret_cast<float*>(p0)[i] = src[i];
   } else if (kind == Kind::F16 || kind == Kind::BF16) {
-    for (uint32_t i = threadIdx.x; i < D; i += kThreads) store_u16(p0 + 2 * i, kind == Kind::F16 ? f2h(src[i]) : f2bf(src[i]));
+    for (uint32_t i = threadIdx.x; i < D; i += kThreads)
+      store_u16(p0 + 2 * i, kind == Kind::F16 ? f2h(src[i]) : f2bf(src[i]));
   } else {
     const int group = side.format.group, bits = side.format.bits;
-    uint8_t* sc = const_cast<uint8_t*>(side.plane[1]) + h * side.head_stride[1] + size_t{wr.slot} * side.unit[1];
-    uint8_t* bi = const_cast<uint8_t*>(side.plane[2]) + h * side.head_stride[2] + size_t{wr.slot} * side.unit[2];
+    uint8_t* sc = const_cast<uint8_t*>(side.plane[1]) + h * side.head_stride[1] +
+                  size_t{wr.slot} * side.unit[1];
+    uint8_t* bi = const_cast<uint8_t*>(side.plane[2]) + h * side.head_stride[2] +
+                  size_t{wr.slot} * side.unit[2];
     for (uint32_t g = threadIdx.x; g < D / group; g += kThreads)
       affine_group(src + g * group, group, bits, p0 + g * group * bits / 8, sc + 2 * g, bi + 2 * g);
   }

@@ -39,17 +39,20 @@ constexpr int kRowGroup = 8;  // activation rows sharing one pass over the weigh
 // flight while 32+ warps fit per SM.
 template <DType T>
 constexpr int units_per_lane() {
-  if constexpr (T == DType::F32) return 2;
-  else return 4;
+  if constexpr (T == DType::F32)
+    return 2;
+  else
+    return 4;
 }
 
 template <DType T, bool kVec16>
 __global__ void __launch_bounds__(kWarps * 32)
-    matmul_gguf_kernel(const uint8_t* w, size_t row_bytes, uint32_t n_units, const float* x, size_t n_in,
-                       uint32_t n_out, uint32_t n_rows, float* y) {
+    matmul_gguf_kernel(const uint8_t* w, size_t row_bytes, uint32_t n_units, const float* x,
+                       size_t n_in, uint32_t n_out, uint32_t n_rows, float* y) {
   using U = Gguf<T>;
   constexpr uint32_t kStageUnits = 32 * units_per_lane<T>();
-  constexpr uint32_t kUnitBytesNum = U::kElems * U::kBlockBytes;  // bytes of one unit = this / kBlockElems
+  constexpr uint32_t kUnitBytesNum =
+      U::kElems * U::kBlockBytes;  // bytes of one unit = this / kBlockElems
   constexpr uint32_t kStageBytes = kStageUnits * kUnitBytesNum / U::kBlockElems;
   static_assert(kStageUnits * U::kElems % U::kBlockElems == 0, "a stage is whole blocks");
   __shared__ __align__(16) uint8_t stage_all[kWarps][kStageBytes];
@@ -78,7 +81,8 @@ __global__ void __launch_bounds__(kWarps * 32)
         reinterpret_cast<uint4*>(stage)[i] = __ldg(reinterpret_cast<const uint4*>(src) + i);
     } else {
       for (uint32_t i = lane; i < bytes / 2; i += 32)
-        reinterpret_cast<uint16_t*>(stage)[i] = __ldg(reinterpret_cast<const unsigned short*>(src) + i);
+        reinterpret_cast<uint16_t*>(stage)[i] =
+            __ldg(reinterpret_cast<const unsigned short*>(src) + i);
     }
     __syncwarp();
 #pragma unroll
@@ -121,7 +125,8 @@ void matmul_gguf(const uint8_t* w, DType type, size_t n_in, size_t n_out, const 
   FERRY_CHECK(row_groups <= 65535, "matmul_gguf", "n_rows=", n_rows, " too large");
   FERRY_CHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0, "matmul_gguf", "x not 16-byte aligned");
   const size_t rb = row_bytes(type, n_in);
-  const dim3 grid(static_cast<unsigned>((n_out + kWarps - 1) / kWarps), static_cast<unsigned>(row_groups));
+  const dim3 grid(static_cast<unsigned>((n_out + kWarps - 1) / kWarps),
+                  static_cast<unsigned>(row_groups));
   detail::dispatch_dtype(type, "matmul_gguf", [&](auto tag) {
     constexpr DType T = decltype(tag)::value;
     const uint32_t n_units = static_cast<uint32_t>(n_in / detail::Gguf<T>::kElems);

@@ -27,15 +27,20 @@ namespace {
 
 using kernels::KvFormat;
 
-std::string name(DType t) { return std::string(dtype_traits(t).name); }
+std::string name(DType t) {
+  return std::string(dtype_traits(t).name);
+}
 
-bool is_dense(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+bool is_dense(DType t) {
+  return t == DType::F32 || t == DType::F16 || t == DType::BF16;
+}
 
 // Host-decoded weights [n_out, n_in] (the oracle's decoder).
 std::vector<float> decode_host(DType t, const std::vector<uint8_t>& w, size_t n_in, size_t n_out) {
   std::vector<float> f(n_in * n_out);
   const size_t rb = row_bytes(t, n_in);
-  for (size_t j = 0; j < n_out; ++j) kernels::decode_row(t, w.data() + j * rb, f.data() + j * n_in, n_in);
+  for (size_t j = 0; j < n_out; ++j)
+    kernels::decode_row(t, w.data() + j * rb, f.data() + j * n_in, n_in);
   return f;
 }
 
@@ -92,7 +97,8 @@ TEST(CudaOps, F32ToBf16AndAddAreExact) {
   REQUIRE_GPU();
   auto x = random_floats(10007, 21, 3.0f);
   // Ties (round to even both ways), inf, NaN, a subnormal.
-  const uint32_t specials[] = {0x3f808000u, 0x3f818000u, 0x7f800000u, 0xff800000u, 0x7fc00001u, 0x00000123u};
+  const uint32_t specials[] = {0x3f808000u, 0x3f818000u, 0x7f800000u,
+                               0xff800000u, 0x7fc00001u, 0x00000123u};
   for (size_t i = 0; i < std::size(specials); ++i) std::memcpy(&x[i], &specials[i], 4);
   DeviceBuffer<float> d_x(x);
   DeviceBuffer<uint16_t> d_bf(x.size());
@@ -117,7 +123,8 @@ TEST(CudaOps, SiluMulMatchesCpu) {
   kernels::silu_mul(g.data(), u.data(), g.size());
   const auto got = d_g.download();
   // expf within 2 ulp, then a divide and a multiply: a few ulp of the result.
-  for (size_t i = 0; i < g.size(); ++i) ASSERT_NEAR(got[i], g[i], 1e-6f * std::fabs(g[i]) + 1e-30f) << i;
+  for (size_t i = 0; i < g.size(); ++i)
+    ASSERT_NEAR(got[i], g[i], 1e-6f * std::fabs(g[i]) + 1e-30f) << i;
 }
 
 TEST(CudaOps, RmsnormMatchesCpu) {
@@ -133,11 +140,13 @@ TEST(CudaOps, RmsnormMatchesCpu) {
     const auto got = d_out.download();
     // The sum of squares (positive terms) is within ~1e-6 relative of the
     // CPU's; the scale's sqrt halves that; the products round once each.
-    for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-6f * std::fabs(want[i]) + 1e-30f) << i;
+    for (size_t i = 0; i < x.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 2e-6f * std::fabs(want[i]) + 1e-30f) << i;
     // In place (out aliases x) gives the same bits; row 4 alone as well.
     cuda::rmsnorm(d_x.get(), d_w.get(), rows, dim, 1e-5f, d_x.get(), nullptr);
     EXPECT_EQ(first_bit_diff(got, d_x.download().data(), x.size()), -1);
-    DeviceBuffer<float> d_row(std::vector<float>(x.begin() + 4 * dim, x.begin() + 5 * dim)), d_one(dim);
+    DeviceBuffer<float> d_row(std::vector<float>(x.begin() + 4 * dim, x.begin() + 5 * dim)),
+        d_one(dim);
     cuda::rmsnorm(d_row.get(), d_w.get(), 1, dim, 1e-5f, d_one.get(), nullptr);
     const auto one = d_one.download();
     EXPECT_EQ(first_bit_diff(one, got.data() + 4 * dim, dim), -1) << "dim=" << dim;
@@ -155,7 +164,8 @@ TEST(CudaOps, RopeMatchesCpu) {
     DeviceBuffer<float> d_x(x), d_inv(inv);
     DeviceBuffer<int32_t> d_pos(pos);
     cuda::rope(d_x.get(), rows, heads, head_dim, d_pos.get(), d_inv.get(), nullptr);
-    for (size_t r = 0; r < rows; ++r) kernels::rope(x.data() + r * heads * head_dim, heads, head_dim, pos[r], inv.data());
+    for (size_t r = 0; r < rows; ++r)
+      kernels::rope(x.data() + r * heads * head_dim, heads, head_dim, pos[r], inv.data());
     const auto got = d_x.download();
     // cosf/sinf within 2 ulp of glibc's (the angle itself is bit-identical):
     // |error| <= ~4 ulp of 1 for inputs in [-1, 1].
@@ -184,7 +194,8 @@ TEST(CudaOps, MatmulGgufMatchesCpuForAllTypesAndRowCounts) {
       DeviceBuffer<uint8_t> d_w(w);
       const size_t row_counts[] = {1, 2, 7, 8, 9, 64, 300};
       for (size_t n_rows : row_counts) {
-        if (n_in == 4096 && n_rows == 300 && !(t == DType::Q4_K || t == DType::F16)) continue;  // CPU time
+        if (n_in == 4096 && n_rows == 300 && !(t == DType::Q4_K || t == DType::F16))
+          continue;  // CPU time
         const auto x = random_floats(n_rows * n_in, 62 + n_rows);
         std::vector<float> want(n_rows * n_out);
         kernels::matmul({}, {t, w.data(), n_in, n_out}, x.data(), n_rows, want.data());
@@ -192,7 +203,8 @@ TEST(CudaOps, MatmulGgufMatchesCpuForAllTypesAndRowCounts) {
         for (size_t r = 0; r < n_rows; ++r)
           for (size_t j = 0; j < n_out; ++j) {
             double mag = 0;
-            for (size_t k = 0; k < n_in; ++k) mag += std::fabs(double{wf[j * n_in + k]} * x[r * n_in + k]);
+            for (size_t k = 0; k < n_in; ++k)
+              mag += std::fabs(double{wf[j * n_in + k]} * x[r * n_in + k]);
             ASSERT_NEAR(got[r * n_out + j], want[r * n_out + j], 2e-5 * mag + 1e-30)
                 << name(t) << " n_in=" << n_in << " rows=" << n_rows << " r=" << r << " j=" << j;
           }
@@ -229,8 +241,9 @@ TEST(CudaOps, MatmulGgufRowIsBatchInvariant) {
 
 // ---- kv_store ----------------------------------------------------------------
 
-const KvFormat kKvFormats[] = {KvFormat::f32(),       KvFormat::f16(),       KvFormat::bf16(),
-                               KvFormat::affine(8, 32), KvFormat::affine(4, 64), KvFormat::affine(4, 32),
+const KvFormat kKvFormats[] = {KvFormat::f32(),         KvFormat::f16(),
+                               KvFormat::bf16(),        KvFormat::affine(8, 32),
+                               KvFormat::affine(4, 64), KvFormat::affine(4, 32),
                                KvFormat::affine(8, 128)};
 
 // Token rows with the affine codec's edge cases mixed in: a constant group, a
@@ -238,10 +251,10 @@ const KvFormat kKvFormats[] = {KvFormat::f32(),       KvFormat::f16(),       KvF
 std::vector<float> kv_rows(size_t n_tokens, size_t kv_dim, uint32_t seed) {
   auto x = random_floats(n_tokens * kv_dim, seed, 2.0f);
   for (size_t i = 0; i < 32; ++i) {
-    x[i] = 0.75f;                        // constant
-    x[32 + i] = 0.0f;                    // zeros
-    x[64 + i] = -3.0f + 0.01f * i;       // negative edge
-    x[96 + i] = 1e-6f * (i % 5);         // tiny (scale clamps to 1e-7)
+    x[i] = 0.75f;                   // constant
+    x[32 + i] = 0.0f;               // zeros
+    x[64 + i] = -3.0f + 0.01f * i;  // negative edge
+    x[96 + i] = 1e-6f * (i % 5);    // tiny (scale clamps to 1e-7)
   }
   return x;
 }
@@ -251,7 +264,8 @@ TEST(CudaOps, KvStoreBytesEqualCpuEncoding) {
   for (size_t D : {64, 128})
     for (const KvFormat& kf : kKvFormats)
       for (const KvFormat& vf : {KvFormat::affine(4, 64), KvFormat::f16(), kf}) {
-        if (!(D % std::max<size_t>(kf.group, 1) == 0 && D % std::max<size_t>(vf.group, 1) == 0)) continue;
+        if (!(D % std::max<size_t>(kf.group, 1) == 0 && D % std::max<size_t>(vf.group, 1) == 0))
+          continue;
         const size_t H = 2, C = 40, n_tokens = 5;
         KvPlanes K(kf, D, H, C, 0xab), V(vf, D, H, C, 0xcd);
         K.upload();
@@ -273,12 +287,15 @@ TEST(CudaOps, KvStoreBytesEqualCpuEncoding) {
         }
         DeviceBuffer<float> d_k(k), d_v(v);
         DeviceBuffer<cuda::KvWrite> d_writes(writes.size());
-        CK(cudaMemcpy(d_writes.get(), writes.data(), writes.size() * sizeof(cuda::KvWrite), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(d_writes.get(), writes.data(), writes.size() * sizeof(cuda::KvWrite),
+                      cudaMemcpyHostToDevice));
         cuda::kv_store(d_writes.get(), writes.size(), H, D, d_k.get(), d_v.get(), nullptr);
         for (size_t p = 0; p < K.units.size(); ++p)
-          EXPECT_TRUE(K.download(p) == K.host[p]) << "K " << kf.name() << " plane " << p << " D=" << D;
+          EXPECT_TRUE(K.download(p) == K.host[p])
+              << "K " << kf.name() << " plane " << p << " D=" << D;
         for (size_t p = 0; p < V.units.size(); ++p)
-          EXPECT_TRUE(V.download(p) == V.host[p]) << "V " << vf.name() << " plane " << p << " D=" << D;
+          EXPECT_TRUE(V.download(p) == V.host[p])
+              << "V " << vf.name() << " plane " << p << " D=" << D;
       }
 }
 
@@ -296,8 +313,12 @@ struct AttnFixture {
   size_t C;
   KvPlanes K, V;
   AttnFixture(const AttnCase& ac, size_t slots, uint32_t seed)
-      : c(ac), C(slots), K(ac.kf, ac.D, ac.n_kv_heads, slots, 0), V(ac.vf, ac.D, ac.n_kv_heads, slots, 0) {
-    const auto k = random_floats(C * c.n_kv_heads * c.D, seed), v = random_floats(C * c.n_kv_heads * c.D, seed + 1);
+      : c(ac),
+        C(slots),
+        K(ac.kf, ac.D, ac.n_kv_heads, slots, 0),
+        V(ac.vf, ac.D, ac.n_kv_heads, slots, 0) {
+    const auto k = random_floats(C * c.n_kv_heads * c.D, seed),
+               v = random_floats(C * c.n_kv_heads * c.D, seed + 1);
     for (size_t h = 0; h < c.n_kv_heads; ++h)
       for (size_t j = 0; j < C; ++j) {
         K.encode(h, j, k.data() + (h * C + j) * c.D);
@@ -332,7 +353,8 @@ std::vector<float> gpu_attention(const AttnFixture& f, const std::vector<JobSpec
     jobs[i].seg[1] = specs[i].seg[1];
   }
   DeviceBuffer<cuda::AttentionJob> d_jobs(jobs.size());
-  CK(cudaMemcpy(d_jobs.get(), jobs.data(), jobs.size() * sizeof(cuda::AttentionJob), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_jobs.get(), jobs.data(), jobs.size() * sizeof(cuda::AttentionJob),
+                cudaMemcpyHostToDevice));
   cuda::attention(d_jobs.get(), jobs.size(), f.shape(), nullptr);
   return d_out.download();
 }
@@ -349,16 +371,17 @@ std::vector<float> queries(const AttnFixture& f, const std::vector<JobSpec>& spe
 
 std::vector<AttnCase> attn_cases() {
   std::vector<AttnCase> cases;
-  const KvFormat formats[] = {KvFormat::f32(), KvFormat::f16(), KvFormat::bf16(), KvFormat::affine(8, 32),
-                              KvFormat::affine(4, 64)};
+  const KvFormat formats[] = {KvFormat::f32(), KvFormat::f16(), KvFormat::bf16(),
+                              KvFormat::affine(8, 32), KvFormat::affine(4, 64)};
   for (size_t D : {64, 128})
     for (const KvFormat& f : formats) {
       cases.push_back({D, 4, 4, f, f});  // GQA ratio 1
       cases.push_back({D, 8, 2, f, f});  // GQA ratio 4
     }
-  cases.push_back({128, 8, 2, KvFormat::affine(8, 32), KvFormat::affine(4, 64)});  // mixed K/V formats
-  cases.push_back({256, 8, 1, KvFormat::f16(), KvFormat::f16()});                   // D 256, GQA 8
-  cases.push_back({80, 6, 2, KvFormat::bf16(), KvFormat::f32()});                   // D 80, GQA 3
+  cases.push_back(
+      {128, 8, 2, KvFormat::affine(8, 32), KvFormat::affine(4, 64)});  // mixed K/V formats
+  cases.push_back({256, 8, 1, KvFormat::f16(), KvFormat::f16()});      // D 256, GQA 8
+  cases.push_back({80, 6, 2, KvFormat::bf16(), KvFormat::f32()});      // D 80, GQA 3
   return cases;
 }
 
@@ -368,8 +391,8 @@ TEST(CudaOps, AttentionMatchesCpu) {
   for (const AttnCase& ac : attn_cases()) {
     AttnFixture f(ac, C, 91);
     const std::vector<JobSpec> specs = {
-        {{{0, 1}, {0, 0}}, 1},       {{{3, 10}, {0, 0}}, 2},     {{{0, 32}, {0, 0}}, 3},
-        {{{5, 38}, {0, 0}}, 4},      {{{100, 400}, {0, 0}}, 5},  {{{0, 700}, {0, 0}}, 6},
+        {{{0, 1}, {0, 0}}, 1},      {{{3, 10}, {0, 0}}, 2},    {{{0, 32}, {0, 0}}, 3},
+        {{{5, 38}, {0, 0}}, 4},     {{{100, 400}, {0, 0}}, 5}, {{{0, 700}, {0, 0}}, 6},
         {{{650, 700}, {0, 45}}, 7},  // a ring that wrapped: slots 650..699 then 0..44
         {{{690, 700}, {0, 300}}, 8}};
     const auto q = queries(f, specs);
@@ -391,16 +414,18 @@ TEST(CudaOps, AttentionMatchesCpu) {
     // are convex combinations of V values in [-1, 1] (decoded affine values a
     // little wider).
     for (size_t i = 0; i < want.size(); ++i)
-      ASSERT_NEAR(got[i], want[i], 3e-5f) << "D=" << ac.D << " heads=" << ac.n_heads << "/" << ac.n_kv_heads
-                                          << " K=" << ac.kf.name() << " V=" << ac.vf.name() << " job="
-                                          << i / per << " i=" << i % per;
+      ASSERT_NEAR(got[i], want[i], 3e-5f)
+          << "D=" << ac.D << " heads=" << ac.n_heads << "/" << ac.n_kv_heads
+          << " K=" << ac.kf.name() << " V=" << ac.vf.name() << " job=" << i / per
+          << " i=" << i % per;
   }
 }
 
 TEST(CudaOps, AttentionJobIsBatchInvariant) {
   REQUIRE_GPU();
-  for (const AttnCase& ac : {AttnCase{128, 8, 2, KvFormat::f16(), KvFormat::f16()},
-                             AttnCase{64, 4, 4, KvFormat::affine(4, 64), KvFormat::affine(8, 32)}}) {
+  for (const AttnCase& ac :
+       {AttnCase{128, 8, 2, KvFormat::f16(), KvFormat::f16()},
+        AttnCase{64, 4, 4, KvFormat::affine(4, 64), KvFormat::affine(8, 32)}}) {
     AttnFixture f(ac, 1200, 101);
     const JobSpec target{{{1000, 1200}, {0, 333}}, 7};
     const size_t per = ac.n_heads * ac.D;
@@ -415,7 +440,8 @@ TEST(CudaOps, AttentionJobIsBatchInvariant) {
         }
         specs[at] = target;
         const auto got = gpu_attention(f, specs, queries(f, specs));
-        ASSERT_EQ(first_bit_diff(alone, got.data() + at * per, per), -1) << "batch=" << batch << " at=" << at;
+        ASSERT_EQ(first_bit_diff(alone, got.data() + at * per, per), -1)
+            << "batch=" << batch << " at=" << at;
       }
   }
 }

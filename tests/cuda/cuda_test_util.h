@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <memory>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "core/half.h"
@@ -23,9 +23,9 @@ namespace ferry::test {
 #define CK(expr) FERRY_CUDA_CHECK(expr)
 
 // Skips the test on a machine without a usable GPU.
-#define REQUIRE_GPU()                                                        \
-  do {                                                                       \
-    int n_ = 0;                                                              \
+#define REQUIRE_GPU()                                                                        \
+  do {                                                                                       \
+    int n_ = 0;                                                                              \
     if (cudaGetDeviceCount(&n_) != cudaSuccess || n_ == 0) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
 
@@ -33,14 +33,18 @@ namespace ferry::test {
 template <typename T>
 class DeviceBuffer {
  public:
-  explicit DeviceBuffer(size_t n) : n_(n) { CK(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T))); }
+  explicit DeviceBuffer(size_t n) : n_(n) {
+    CK(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)));
+  }
   explicit DeviceBuffer(const std::vector<T>& v) : DeviceBuffer(v.size()) { upload(v); }
   ~DeviceBuffer() { cudaFree(p_); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   T* get() const { return p_; }
   size_t size() const { return n_; }
-  void upload(const std::vector<T>& v) { CK(cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice)); }
+  void upload(const std::vector<T>& v) {
+    CK(cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
   std::vector<T> download() const {
     std::vector<T> v(n_);
     CK(cudaDeviceSynchronize());
@@ -49,7 +53,9 @@ class DeviceBuffer {
   }
   // Fills every byte with `byte` (0xff makes floats NaN): outputs a kernel
   // forgets to write cannot pass for results.
-  void poison(uint8_t byte = 0xff) { CK(cudaMemset(p_, byte, std::max<size_t>(n_, 1) * sizeof(T))); }
+  void poison(uint8_t byte = 0xff) {
+    CK(cudaMemset(p_, byte, std::max<size_t>(n_, 1) * sizeof(T)));
+  }
 
  private:
   T* p_ = nullptr;
@@ -95,7 +101,8 @@ struct KvPlanes {
       case kernels::KvFormat::Kind::F16:
       case kernels::KvFormat::Kind::BF16:
         for (size_t i = 0; i < D; ++i) {
-          const uint16_t v = fmt.kind == kernels::KvFormat::Kind::F16 ? f32_to_f16(x[i]) : f32_to_bf16(x[i]);
+          const uint16_t v =
+              fmt.kind == kernels::KvFormat::Kind::F16 ? f32_to_f16(x[i]) : f32_to_bf16(x[i]);
           std::memcpy(at(0, h, j) + 2 * i, &v, 2);
         }
         return;
