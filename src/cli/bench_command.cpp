@@ -264,6 +264,8 @@ nlohmann::json report(const BenchOptions& o, const LoadedModel& l, const Workloa
   j["temperature"] = o.temperature;
   j["threads"] = o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   j["kv"] = so.kv_k.name();
+  j["matmul"] = std::string(kernels::matmul_mode_name(so.matmul));
+  j["device"] = l.model->device();
   j["max_batch"] = so.max_batch;
   j["prefill_chunk"] = so.prefill_chunk;
   j["step_tokens"] = so.step_token_budget;
@@ -331,6 +333,7 @@ int bench(BenchOptions& o) {
   o.sched.kv_k.validate(l.model->config().head_dim);
   o.sched.kv_budget_bytes = o.kv_budget_mb << 20;
   o.sched.threads = o.threads;
+  o.sched.matmul = o.device.matmul_mode();
   const std::vector<int32_t> alphabet = prompt_alphabet(*l.tok);
   // The warm-up requests come from another seed, so the measured ones are
   // the same whatever --warmup is.

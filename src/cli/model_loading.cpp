@@ -18,6 +18,15 @@ void DeviceOptions::add_to(CLI::App* cmd) {
                 "GPU: batch-invariant kernels (a row's logits never depend on the batch); "
                 "--no-deterministic lets cuBLAS run batched products")
       ->capture_default_str();
+  cmd->add_option("--matmul", matmul,
+                  "CPU products of quantized weights: int8 (fast; activations quantized to 8 "
+                  "bits per block of 32) or exact (float32)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"int8", "exact"}));
+}
+
+kernels::MatmulMode DeviceOptions::matmul_mode() const {
+  return *kernels::parse_matmul_mode(matmul);
 }
 
 void DeviceOptions::apply(model::Model& m, bool quiet) const {

@@ -20,13 +20,18 @@ struct LoadedModel {
   std::optional<text::ChatTemplate> chat;  // the model's template, if any
 };
 
-// Where the model runs: --device cpu|cuda[:N] and --deterministic (GPU:
-// batch-invariant kernels, the default; --no-deterministic lets cuBLAS
-// take batched products). Shared by `run`, `serve` and `bench`.
+// Where and how the model runs: --device cpu|cuda[:N], --deterministic
+// (GPU: batch-invariant kernels, the default; --no-deterministic lets
+// cuBLAS take batched products) and --matmul (CPU). Shared by `run`,
+// `serve` and `bench`.
 struct DeviceOptions {
   std::string device = "cpu";
   bool deterministic = true;
+  // CPU products of quantized weights: int8 (activations quantized per
+  // 32-block, integer dot products) or exact (f32); docs/KERNELS.md.
+  std::string matmul = "int8";
   void add_to(CLI::App* cmd);
+  kernels::MatmulMode matmul_mode() const;
   // Moves the model to the device (a no-op for the CPU). Throws
   // ferry::Error naming the problem: an unknown device, a build without
   // CUDA, no GPU.

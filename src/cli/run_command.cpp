@@ -229,7 +229,7 @@ int run(RunOptions& o, bool seed_given) {
   o.sampling.validate();
   Loaded l = load(o);
   ThreadPool pool(o.threads);
-  kernels::Context ctx{&pool, best_cpu_path()};
+  kernels::Context ctx{&pool, best_cpu_path(), o.device.matmul_mode()};
   return o.prompts_file.empty() ? run_single(o, l, ctx) : run_batch(o, l, ctx);
 }
 

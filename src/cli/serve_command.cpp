@@ -84,6 +84,7 @@ int serve(ServeOptions& o) {
   so.kv_k = so.kv_v = o.kv.format();
   so.kv_k.validate(l.model->config().head_dim);
   so.threads = o.threads;
+  so.matmul = o.device.matmul_mode();
   engine::Scheduler scheduler(*l.model, *l.tok, so);
 
   server::ServedModel served;

@@ -59,7 +59,7 @@ Scheduler::Scheduler(const model::Model& model, const text::Tokenizer& tok, Sche
       opts_(std::move(opts)),
       spec_(model.config().kv_spec(opts_.kv_k, opts_.kv_v)),
       pool_(std::make_unique<ThreadPool>(opts_.threads)),
-      ctx_{pool_.get(), best_cpu_path()},
+      ctx_{pool_.get(), best_cpu_path(), opts_.matmul},
       step_budget_(std::max(0.0, opts_.step_target_ms) / 1000, opts_.step_min_prefill),
       batch_(spec_, model_.kv_allocator()) {
   if (opts_.kv_budget_bytes == 0) opts_.kv_budget_bytes = batch_.allocator()->memory_hint();

@@ -64,7 +64,8 @@ struct SchedulerOptions {
   size_t kv_budget_bytes = 0;      // 0: derived from the machine's memory
   kernels::KvFormat kv_k = kernels::KvFormat::f16();
   kernels::KvFormat kv_v = kernels::KvFormat::f16();
-  size_t threads = 0;  // kernel threads (0: all cores)
+  size_t threads = 0;                                       // kernel threads (0: all cores)
+  kernels::MatmulMode matmul = kernels::MatmulMode::Exact;  // CPU products
   // Step-time target while rows decode (StepTimeBudget); 0: off, prompts
   // take the whole token budget. 150 ms: on a 2-core CPU a step of 16
   // decode rows of SmolLM2-135M takes about 100 ms; the trade against 0
