@@ -131,6 +131,7 @@ Workload make_workload(const BenchOptions& o, const LoadedModel& l,
     while (r.prompt.size() < p) r.prompt.push_back(alphabet[rng() % alphabet.size()]);
     r.max_tokens = out;
     r.ignore_eos = true;
+    r.logprobs = false;  // as a client that does not ask for them
     r.sampling.temperature = o.temperature;
     r.sampling.seed = seed + i;
     r.prefill_chunk = o.sched.prefill_chunk;

@@ -54,6 +54,18 @@ void add_inplace(float* x, const float* y, size_t n, cudaStream_t stream);
 void matmul_gguf(const uint8_t* w, DType type, size_t n_in, size_t n_out, const float* x,
                  size_t n_rows, float* y, cudaStream_t stream);
 
+// y[r, j] = sum_k W[j, k] * x[r, k] on the tensor cores, for dense weights:
+// W [n_out, n_in] bf16 (f16 with w_f16), x [n_rows, n_in] bf16 (the caller
+// converts activations), y f32 [n_rows, n_out]. n_in must be a multiple of
+// 16; w and x 16-byte aligned. Deterministic and batch-invariant: every
+// y[r, j] is one f32 accumulator updated by mma.sync m16n8k16 steps over
+// k = 0, 16, 32, ... in order (f16 weights: two steps per k, the weight's
+// exact bf16 high and low parts), whatever n_rows, r and the tile variant
+// chosen for the shape (matmul_tc.cu). Fast at any n_rows: streams the
+// weights once at n_rows <= 32; a tiled GEMM beyond.
+void matmul_tc(const uint16_t* w, bool w_f16, size_t n_in, size_t n_out, const uint16_t* x,
+               size_t n_rows, float* y, cudaStream_t stream);
+
 // Weight rows decoded to bf16 ([n_out, n_in]), for the cuBLAS path.
 void dequantize_bf16(const uint8_t* w, DType type, size_t n_in, size_t n_out, uint16_t* out,
                      cudaStream_t stream);

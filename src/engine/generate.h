@@ -23,6 +23,10 @@ struct GenerationRequest {
   SamplingParams sampling;
   std::vector<std::string> stop;
   bool ignore_eos = false;
+  // Whether results carry each token's logprob. Costs a pass of exp() over
+  // the vocabulary per token (for 128k-token vocabularies and hundreds of
+  // rows, a real share of a GPU step); NaN when off.
+  bool logprobs = true;
   size_t prefill_chunk = 256;                         // prompt tokens per forward step
   kernels::KvFormat kv_k = kernels::KvFormat::f32();  // KV storage
   kernels::KvFormat kv_v = kernels::KvFormat::f32();

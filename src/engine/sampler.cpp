@@ -118,14 +118,14 @@ float log_softmax_at(std::span<const float> logits, int32_t token) {
   return log_sum_exp(logits).logprob(logits[token]);
 }
 
-Sampled Sampler::sample(std::span<float> logits) {
+Sampled Sampler::sample(std::span<float> logits, bool want_logprob) {
   const size_t V = logits.size();
   FERRY_CHECK(V > 0, "sampling", "empty logits");
   // The reported logprob is of the raw model distribution (before
   // penalties and temperature), as OpenAI-compatible servers report it:
   // take its normaliser now and keep the raw values penalties overwrite
   // (only seen tokens), instead of copying the whole vocabulary.
-  const LogSumExp raw = log_sum_exp(logits);
+  const LogSumExp raw = want_logprob ? log_sum_exp(logits) : LogSumExp{NAN, 0.0};
   saved_.clear();
   const bool penalized = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
                          params_.frequency_penalty != 0.0f;
@@ -195,7 +195,7 @@ Sampled Sampler::sample(std::span<float> logits) {
   float raw_chosen = logits[chosen];
   for (const auto& [t, l] : saved_)
     if (t == chosen) raw_chosen = l;
-  return Sampled{chosen, raw.logprob(raw_chosen)};
+  return Sampled{chosen, want_logprob ? raw.logprob(raw_chosen) : NAN};
 }
 
 }  // namespace ferry::engine

@@ -36,14 +36,16 @@ class Rng {
 
 struct Sampled {
   int32_t token;
-  float logprob;  // log-softmax of the raw model logits at `token`
+  float logprob;  // log-softmax of the raw model logits at `token` (or NaN)
 };
 
 class Sampler {
  public:
   Sampler(const SamplingParams& params, std::span<const int32_t> prompt);
   // Picks the next token from raw logits; `logits` is used as scratch.
-  Sampled sample(std::span<float> logits);
+  // Without want_logprob, Sampled::logprob is NaN and the vocabulary-wide
+  // normaliser is skipped.
+  Sampled sample(std::span<float> logits, bool want_logprob = true);
   // Records a generated token (for penalties).
   void accept(int32_t token);
   const SamplingParams& params() const { return params_; }

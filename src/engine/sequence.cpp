@@ -40,7 +40,7 @@ void Sequence::finish(FinishReason r) {
 
 bool Sequence::on_logits(std::span<float> logits) {
   FERRY_CHECK(!finished_, "generate", "logits for a finished sequence");
-  Sampled s = sampler_.sample(logits);
+  Sampled s = sampler_.sample(logits, req_.logprobs);
   res_.tokens.push_back(s.token);
   res_.logprobs.push_back(s.logprob);
   sampler_.accept(s.token);

@@ -360,6 +360,7 @@ Plan plan_request(const ApiRequest& r, const ServedModel& m) {
       if (r.sampling.seed) g.sampling.seed = *r.sampling.seed + j;
       g.stop = r.stop;
       g.ignore_eos = r.ignore_eos;
+      g.logprobs = r.logprobs;
       plan.choices.push_back(std::move(g));
     }
   }
