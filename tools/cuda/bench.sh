@@ -9,7 +9,8 @@
 # BUILD_DIR: a -DFERRY_CUDA=ON build (built there if it has no ferry).
 # OUT_DIR (default $OUT or /tmp/ferry-gpu-bench): one JSON per run.
 # Environment: SHAPE (llama-3.1-8b), TYPES (bf16), RUNS (which groups:
-# single,batch,kv,hf), BATCHES (64,256).
+# single,batch,kv,hf), BATCHES (64,256), MODES (deterministic,fast), KV_Q8
+# (set: also 8-bit KV at 4k).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build-cuda}
@@ -33,13 +34,14 @@ has() { [[ ,$runs, == *,$1,* ]]; }
 
 # ferry bench NAME ARGS...: one run, its JSON kept, one summary line.
 fb() {
-  local name=$1
+  local name=$1 t0
   shift
+  t0=$(date +%s)
   "$build/ferry" bench --device cuda --quiet --json "$@" >"$out/$name.json"
-  python3 - "$out/$name.json" "$name" <<'PY'
+  python3 - "$out/$name.json" "$name" "$(($(date +%s) - t0))" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
-print(f"{sys.argv[2]:28s} out {j['output_tok_s']:9.1f} tok/s  decode/stream "
+print(f"{sys.argv[2]:24s} [{sys.argv[3]:>3s} s] out {j['output_tok_s']:9.1f} tok/s  decode/stream "
       f"{j['decode_tok_s']:7.1f} tok/s  TTFT p50 {j['ttft_ms']['p50']:8.1f} ms  "
       f"ITL p50 {j['itl_ms']['p50']:6.1f} p99 {j['itl_ms']['p99']:6.1f} ms  "
       f"KV peak {j['kv_peak_bytes'] / 2**30:.2f} GiB", flush=True)
@@ -53,9 +55,9 @@ for t in ${types//,/ }; do
     python3 tools/cuda/make_random_gguf.py "$model" --shape "$shape" --type "$t" --seed 0
     echo "made $model in $(($(date +%s) - s)) s"
   fi
-  for mode in deterministic no-deterministic; do
-    tag=$t-${mode#no-}
-    [[ $mode == no-deterministic ]] && tag=$t-fast
+  for mode in $(echo "${MODES:-deterministic,fast}" | tr , ' '); do
+    tag=$t-$mode
+    [[ $mode == fast ]] && mode=no-deterministic
     if has single; then
       fb "$tag-single" -m "$model" --$mode --requests 3 --concurrency 1 --warmup 1 \
         --prompt-tokens 128 --output-tokens 128
@@ -69,7 +71,7 @@ for t in ${types//,/ }; do
     fi
   done
   if has kv; then
-    for kvf in "--kv-dtype bf16" "--kv-bits 4 --kv-group 64" "--kv-bits 8 --kv-group 64"; do
+    for kvf in "--kv-dtype bf16" "--kv-bits 4 --kv-group 64" ${KV_Q8:+"--kv-bits 8 --kv-group 64"}; do
       name=$t-kv-$(echo "$kvf" | tr -d ' -' | sed 's/kvdtype//; s/kvbits/q/; s/kvgroup/g/')
       # shellcheck disable=SC2086
       fb "$name-4k" -m "$model" --deterministic $kvf --requests 2 --concurrency 1 --warmup 1 \
