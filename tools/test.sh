@@ -8,10 +8,26 @@ bash tools/install-deps.sh
 bash tools/fetch-model.sh >/dev/null
 jobs=$(nproc)
 
-echo "== release build (-Werror)"
-cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DFERRY_WERROR=ON >/dev/null
+# Where the CUDA toolkit is installed, the release build includes the CUDA
+# backend (compiled, and its no-GPU error checked; its GPU tests need a GPU:
+# tools/cuda/test.sh).
+cuda=()
+nvcc=$(command -v nvcc || true)
+[[ -z $nvcc && -x /usr/local/cuda/bin/nvcc ]] && nvcc=/usr/local/cuda/bin/nvcc
+[[ -n $nvcc ]] && cuda=(-DFERRY_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc")
+
+echo "== release build (-Werror${cuda:+, with the CUDA backend})"
+cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DFERRY_WERROR=ON "${cuda[@]}" >/dev/null
 cmake --build build-test -j"$jobs"
 ctest --test-dir build-test --output-on-failure -j"$jobs"
+if [[ -n $nvcc ]] && ! nvidia-smi >/dev/null 2>&1; then
+  # No GPU here: --device cuda must fail with a message that names it.
+  if msg=$(build-test/ferry run -m tests/data/models/tiny-llama-f32.gguf --device cuda x 2>&1); then
+    echo "ferry run --device cuda succeeded without a GPU"; exit 1
+  fi
+  grep -q "\[cuda\] no CUDA device is usable" <<<"$msg" || { echo "unexpected: $msg"; exit 1; }
+  echo "--device cuda without a GPU: $msg"
+fi
 
 echo "== ASan + UBSan build"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_WERROR=ON \

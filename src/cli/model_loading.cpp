@@ -33,15 +33,17 @@ void DeviceOptions::apply(model::Model& m, bool quiet) const {
   if (device == "cpu") return;
   if (device.rfind("cuda", 0) != 0)
     fail("device", "unknown device '", device, "' (expected cpu, cuda or cuda:N)");
+  int index = 0;
+  if (device.size() > 4) {
+    if (device[4] != ':' || device.size() == 5 || device.size() > 8 ||
+        device.find_first_not_of("0123456789", 5) != std::string::npos)
+      fail("device", "bad device '", device, "' (expected cuda or cuda:N)");
+    index = std::stoi(device.substr(5));
+  }
 #ifdef FERRY_HAVE_CUDA
   cuda::CudaOptions o;
   o.deterministic = deterministic;
-  if (device.size() > 4) {
-    if (device[4] != ':' || device.size() == 5 ||
-        device.find_first_not_of("0123456789", 5) != std::string::npos)
-      fail("device", "bad device '", device, "' (expected cuda or cuda:N)");
-    o.device = std::stoi(device.substr(5));
-  }
+  o.device = index;
   m.set_backend(cuda::make_backend(o));
   if (!quiet)
     std::fprintf(stderr, "running on %s%s\n", m.device().c_str(),
@@ -49,6 +51,7 @@ void DeviceOptions::apply(model::Model& m, bool quiet) const {
 #else
   (void)m;
   (void)quiet;
+  (void)index;
   fail("device", "this ferry was built without CUDA (configure with -DFERRY_CUDA=ON)");
 #endif
 }

@@ -71,6 +71,27 @@ TEST(Cli, MissingOrCorruptModelIsAClearError) {
   EXPECT_NE(r.out.find("bad.gguf"), std::string::npos) << r.out;
 }
 
+// --device names the problem: an unknown device, a build without CUDA, or
+// (CUDA builds on machines without a GPU, as CI) no usable device.
+TEST(Cli, UnavailableDeviceIsAClearError) {
+  const std::string tiny = std::string(FERRY_TEST_DATA) + "/models/tiny-llama-f32.gguf";
+  Result r = ferry("run -m " + tiny + " --device tpu hi", true);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("[device] unknown device 'tpu'"), std::string::npos) << r.out;
+  r = ferry("run -m " + tiny + " --device cuda:x hi", true);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("cuda:x"), std::string::npos) << r.out;
+  r = ferry("run -m " + tiny + " --device cuda --max-tokens 1 hi", true);
+#ifdef FERRY_HAVE_CUDA
+  if (r.code == 0) GTEST_SKIP() << "a GPU is present";
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("[cuda] no CUDA device is usable"), std::string::npos) << r.out;
+#else
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("[device] this ferry was built without CUDA"), std::string::npos) << r.out;
+#endif
+}
+
 TEST(Cli, GreedyJsonIsDeterministicAndWellFormed) {
   Result a = ferry("run -q --temperature 0 --max-tokens 12 --json 'What is 2+2?'");
   ASSERT_EQ(a.code, 0);
