@@ -204,11 +204,35 @@ class CudaBackend final : public model::Backend {
   }
 
   void matmul(const kernels::WeightView& w, const float* x, size_t n_rows, float* y) override {
-    if (opts_.deterministic || n_rows <= kFastMatvecRows) {
-      cuda::matmul_gguf(w.data, w.type, w.n_in, w.n_out, x, n_rows, y, stream_);
-      return;
+    matmul_many(std::span<const kernels::WeightView>(&w, 1), x, n_rows,
+                std::span<float* const>(&y, 1));
+  }
+
+  // Which kernel takes a product (docs/CUDA.md): dense bf16/f16 weights go
+  // to the tensor-core kernel (activations rounded to bf16 once for all
+  // the weights of the call), other types to matmul_gguf; in fast mode,
+  // steps of more than kFastMatvecRows rows go to cuBLAS instead. Within
+  // the deterministic mode the choice never depends on n_rows.
+  void matmul_many(std::span<const kernels::WeightView> ws, const float* x, size_t n_rows,
+                   std::span<float* const> ys) override {
+    const uint16_t* xb = nullptr;  // x in bf16, made on first use
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const kernels::WeightView& w = ws[i];
+      const bool small = opts_.deterministic || n_rows <= kFastMatvecRows;
+      if (!small) {
+        matmul_cublas(w, x, n_rows, ys[i]);
+      } else if (w.type == DType::BF16 || w.type == DType::F16) {
+        if (!xb) {
+          uint16_t* b = static_cast<uint16_t*>(xtc_.get(n_rows * w.n_in * 2, stream_));
+          cuda::f32_to_bf16(x, n_rows * w.n_in, b, stream_);
+          xb = b;
+        }
+        cuda::matmul_tc(reinterpret_cast<const uint16_t*>(w.data), w.type == DType::F16, w.n_in,
+                        w.n_out, xb, n_rows, ys[i], stream_);
+      } else {
+        cuda::matmul_gguf(w.data, w.type, w.n_in, w.n_out, x, n_rows, ys[i], stream_);
+      }
     }
-    matmul_cublas(w, x, n_rows, y);
   }
 
   void rope(float* x, size_t n_heads, size_t head_dim, std::span<const int32_t> host_pos,
@@ -340,7 +364,7 @@ class CudaBackend final : public model::Backend {
   cublasHandle_t blas_ = nullptr;
   std::shared_ptr<DeviceKvAllocator> kv_alloc_;
   std::vector<void*> owned_;  // weights and vectors
-  Growable arena_, staging_, dequant_, xconv_;
+  Growable arena_, staging_, dequant_, xconv_, xtc_;
   void* pinned_ = nullptr;
   size_t pinned_size_ = 0, staged_ = 0;
   std::vector<KvWrite> writes_;

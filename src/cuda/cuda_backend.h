@@ -11,7 +11,9 @@
 // Modes:
 // - deterministic (default): every product runs ferry's own kernels
 //   (cuda_ops.h), whose reduction order per output is fixed, so a row's
-//   logits are bit-identical whatever else is in the batch;
+//   logits are bit-identical whatever else is in the batch (dense bf16/f16
+//   weights on tensor cores with bf16 activations, GGUF block types on
+//   matmul_gguf in f32);
 // - fast: products of more than a few rows go through cuBLAS in bf16
 //   (whose kernel choice depends on the batch size), for throughput.
 #pragma once

@@ -61,8 +61,8 @@ void matmul_gguf(const uint8_t* w, DType type, size_t n_in, size_t n_out, const 
 // y[r, j] is one f32 accumulator updated by mma.sync m16n8k16 steps over
 // k = 0, 16, 32, ... in order (f16 weights: two steps per k, the weight's
 // exact bf16 high and low parts), whatever n_rows, r and the tile variant
-// chosen for the shape (matmul_tc.cu). Fast at any n_rows: streams the
-// weights once at n_rows <= 32; a tiled GEMM beyond.
+// chosen for the shape (matmul_tc.cu). Fast at any n_rows: weight-streaming
+// tiles for few rows, a tiled GEMM for many.
 void matmul_tc(const uint16_t* w, bool w_f16, size_t n_in, size_t n_out, const uint16_t* x,
                size_t n_rows, float* y, cudaStream_t stream);
 

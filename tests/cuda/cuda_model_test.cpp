@@ -71,13 +71,40 @@ double max_rel_diff(const std::vector<std::vector<float>>& a,
 // butterfly trees against 16-lane canonical sums), both in float32; through
 // a model's layers such differences stay around 1e-6 of the logits' scale.
 // The bound is the one the CPU itself meets against transformers
-// (docs/PARITY.md), as a fraction of the largest logit.
-constexpr double kTinyTolerance = 1e-4, kSmolTolerance = 5e-4;
+// (docs/PARITY.md), as a fraction of the largest logit. Models with bf16 or
+// f16 weights run their products on tensor cores with activations rounded
+// to bf16 (8 significant bits: a relative error of up to 2^-9 per input),
+// so their bound is 3e-2, the size of bf16 rounding accumulated over a few
+// layers.
+constexpr double kTinyTolerance = 1e-4, kBf16Tolerance = 3e-2, kSmolTolerance = 5e-4;
+
+// Greedy tokens must agree wherever the CPU's best logit leads the second by
+// more than twice the tolerance (closer calls may flip within it).
+void expect_greedy_agrees(const std::vector<std::vector<float>>& ref,
+                          const std::vector<std::vector<float>>& got, double tol,
+                          const std::string& what) {
+  double scale = 1e-30;
+  for (const auto& v : ref)
+    for (float x : v) scale = std::max(scale, static_cast<double>(std::fabs(x)));
+  size_t checked = 0;
+  for (size_t s = 0; s < ref.size(); ++s) {
+    std::vector<float> top(ref[s]);
+    std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<float>());
+    if (top[0] - top[1] <= 2 * tol * scale) continue;
+    ++checked;
+    EXPECT_EQ(argmax(ref[s].data(), ref[s].size()), argmax(got[s].data(), got[s].size()))
+        << what << " step " << s;
+  }
+  EXPECT_GT(checked, ref.size() / 2) << what << ": too few clear greedy choices to check";
+}
 
 class TinyGpuTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(TinyGpuTest, LogitsMatchCpuAndGreedyAgrees) {
-  const std::string path = test::data_path(std::string("models/") + GetParam() + ".gguf");
+  const std::string name = GetParam();
+  const std::string path = test::data_path("models/" + name + ".gguf");
+  const bool bf16_products = name.ends_with("-f16") || name.ends_with("-bf16");
+  const double tol = bf16_products ? kBf16Tolerance : kTinyTolerance;
   auto cpu = load_model(path);
   auto gpu = gpu_model(path);
   ThreadPool pool(2);
@@ -86,14 +113,14 @@ TEST_P(TinyGpuTest, LogitsMatchCpuAndGreedyAgrees) {
   for (size_t len : {1u, 5u, 23u}) {
     std::vector<int32_t> prompt(len);
     for (auto& t : prompt) t = static_cast<int32_t>(rng() % cpu->config().vocab_size);
-    std::vector<int32_t> cpu_tokens, gpu_tokens;
+    std::vector<int32_t> cpu_tokens;
     auto ref = trajectory(*cpu, ctx, prompt, {}, 24, &cpu_tokens);
-    auto got = trajectory(*gpu, ctx, prompt, cpu_tokens, 24, &gpu_tokens);
+    auto got = trajectory(*gpu, ctx, prompt, cpu_tokens, 24, nullptr);  // teacher-forced
     const double d = max_rel_diff(ref, got);
-    EXPECT_LE(d, kTinyTolerance) << GetParam() << " prompt " << len;
-    EXPECT_EQ(cpu_tokens, gpu_tokens) << GetParam() << " prompt " << len;
-    std::printf("[gpu-vs-cpu] %s prompt %zu: max diff %.3g of the largest logit\n", GetParam(), len,
-                d);
+    EXPECT_LE(d, tol) << name << " prompt " << len;
+    expect_greedy_agrees(ref, got, tol, name + " prompt " + std::to_string(len));
+    std::printf("[gpu-vs-cpu] %s prompt %zu: max diff %.3g of the largest logit\n", name.c_str(),
+                len, d);
   }
 }
 

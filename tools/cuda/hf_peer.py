@@ -94,13 +94,15 @@ def main() -> None:
     for n in [int(x) for x in args.batches.split(",") if x]:
         inputs = torch.randint(258, cfg.vocab_size, (n, args.prompt), generator=g).tolist()
         try:
-            with torch.inference_mode():
-                model.generate_batch(inputs=inputs[: min(n, 8)],
-                                     generation_config=gen_cfg(8), progress_bar=False)
-                t0 = sync_time()
-                res = model.generate_batch(inputs=inputs, generation_config=gen_cfg(args.output),
-                                           progress_bar=False)
-                wall = sync_time() - t0
+            # Not inside torch.inference_mode(): generate_batch manages its
+            # own, and under an outer one its static tensors cannot be reset
+            # (transformers 5.17: "Inplace update to inference tensor").
+            model.generate_batch(inputs=inputs[: min(n, 8)], generation_config=gen_cfg(8),
+                                 progress_bar=False)
+            t0 = sync_time()
+            res = model.generate_batch(inputs=inputs, generation_config=gen_cfg(args.output),
+                                       progress_bar=False)
+            wall = sync_time() - t0
             toks = sum(len(r.generated_tokens) for r in res.values())
             out[f"batch_{n}"] = {"requests": n, "tokens": toks, "wall_s": wall,
                                  "output_tok_s": toks / wall}

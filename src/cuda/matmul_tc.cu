@@ -1,0 +1,510 @@
+// y = x W^T for dense bf16 / f16 weights on the tensor cores, deterministic
+// and batch-invariant at every row count (cuda_ops.h: matmul_tc).
+//
+// Orientation ("swap-AB", always). The mma computes D[m, n] += A[m, k] B[k, n]
+// with A = W (m = output column j) and B = x^T (n = activation row r), so
+// D = y^T. Both operands are k-contiguous in memory ([n_out, n_in] and
+// [n_rows, n_in]), which is the layout ldmatrix (non-transposed) feeds to
+// mma.sync.m16n8k16.row.col directly. Every variant uses this one orientation:
+// a weight row is always an A row and an activation row always a B column.
+//
+// Arithmetic of one output (the determinism contract). For every (r, j):
+//   acc = +0.0f
+//   for k0 = 0, 16, ..., n_in - 16:          (increasing, every variant)
+//     acc = mma(W[j, k0:k0+16], x[r, k0:k0+16], acc)       (bf16 weights)
+//     acc = mma(hi(W[j, k0:k0+16]), x[r, ...], acc)         (f16 weights:
+//     acc = mma(lo(W[j, k0:k0+16]), x[r, ...], acc)          two steps)
+//   y[r, j] = acc
+// where one mma step is the tensor core's fixed function of the 16 products
+// and the accumulator. No split-K, no atomics, no cross-warp reduction: the
+// accumulator lives in one register of one thread for the whole K loop.
+// Tile variants differ only in where (r, j) sits inside the CTA, the warp and
+// the m16 x n8 fragment; an mma's D[m, n] depends only on A's row m, B's
+// column n and C[m, n], so that position cannot change the bits (the tests
+// bit-compare all variants and every row position to check exactly this).
+// Stage boundaries (bk) do not matter either: k steps past n_in are never
+// issued, so each output sees exactly n_in / 16 steps (times 2 for f16).
+//
+// f16 weights. mma.sync needs both operands of one type and x is bf16, so a
+// weight w (f16, 11 significant bits) is split into hi = bf16_rn(w) and
+// lo = w - hi; lo has at most 4 significant bits and fits bf16 exactly, so
+// hi + lo = w exactly and the products are those of the f16 weights (an inf
+// weight gives NaN, not inf).
+//
+// Tiles and pipeline. A CTA owns bm output columns x bn rows and the whole
+// K. Each stage (bk of k) of W [bm, bk] and x [bn, bk] is copied by cp.async
+// (16 bytes a thread, L2 only) into shared memory, rows of bk bf16 with
+// 16-byte chunks XOR-swizzled by (row & 7) so that ldmatrix's 8 row reads hit
+// 8 different bank groups; `stages` stages are in flight. Out-of-range rows,
+// columns and k chunks are zero-filled (cp.async src-size 0) and never
+// stored. The pipeline order is described at the kernel.
+//
+// Variants (the table below; choose_config picks by n_rows and the CTA
+// count, from measurements on the H200):
+// - n_rows <= 64, "skinny" S<bm>x<bn>: one m16 x bn tile per warp, bm = 16
+//   (1 warp) or 64 (4 warps), bn = 8/16/32, bk = 128 or 256, 3-8 stages.
+//   Weight-bandwidth-bound: the weights stream once per row tile and N is
+//   cut into CTAs as small as 16 columns so that every SM has loads in
+//   flight. Without split-K each CTA's accumulators form a chain of
+//   n_in / 16 dependent mma steps, so small n_out (few CTAs) is bounded by
+//   that chain (and launch) latency rather than bandwidth.
+// - "M"/"L" <bm>x<bn>: classic tiles of 32..256 x 64..128 with 4 or 8 warps
+//   (warp tiles 16x32 .. 64x64), bk = 64, 3-4 stages, for n_rows > 32.
+// The grid is 1-D with row tiles fastest, so CTAs that run together share
+// weight tiles (read once from HBM) and the small x stays in L2.
+#include <algorithm>
+#include <atomic>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "cuda/common_impl.cuh"
+#include "cuda/matmul_tc.cuh"
+
+namespace ferry::cuda {
+namespace tc {
+namespace {
+
+using detail::bf2f;
+using detail::f2bf;
+using detail::h2f;
+
+// ---- PTX wrappers (sm_80+) ---------------------------------------------------
+
+// 16 bytes global -> shared; zero-filled (nothing read) when !ok.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                        uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x2(uint32_t addr, uint32_t& r0, uint32_t& r1) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r0), "=r"(r1)
+               : "r"(addr));
+}
+// d += A B for one m16n8k16 tile: a = A fragment (rows g / g+8, k pairs),
+// b = B fragment (k pairs, column g); d[0..1] = (g, 2c..2c+1),
+// d[2..3] = (g + 8, 2c..2c+1), g = lane / 4, c = lane % 4.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two f16 -> their exact bf16 high parts (hi) and remainders (lo).
+__device__ __forceinline__ void split_f16x2(uint32_t h, uint32_t& hi, uint32_t& lo) {
+  const float f0 = h2f(static_cast<uint16_t>(h & 0xffffu));
+  const float f1 = h2f(static_cast<uint16_t>(h >> 16));
+  const uint16_t h0 = f2bf(f0), h1 = f2bf(f1);
+  const uint16_t l0 = f2bf(f0 - bf2f(h0)), l1 = f2bf(f1 - bf2f(h1));  // exact
+  hi = static_cast<uint32_t>(h0) | (static_cast<uint32_t>(h1) << 16);
+  lo = static_cast<uint32_t>(l0) | (static_cast<uint32_t>(l1) << 16);
+}
+
+// ---- the kernel ----------------------------------------------------------------
+
+template <int BM, int BN, int WM, int WN, int BK, int STAGES>
+struct Tile {
+  static constexpr int kThreads = WM * WN * 32;
+  static constexpr int kTM = BM / WM, kTN = BN / WN;   // warp tile
+  static constexpr int kMT = kTM / 16, kNT = kTN / 8;  // m16 / n8 tiles per warp
+  static constexpr int kChunks = BK / 8;               // 16-byte chunks per smem row
+  static constexpr int kStageElems = (BM + BN) * BK;   // bf16 per stage (W then x)
+  static constexpr size_t kSmemBytes = size_t{STAGES} * kStageElems * 2;
+  static_assert(kTM % 16 == 0 && kTN % 8 == 0, "warp tile must be whole m16 x n8 tiles");
+  static_assert(BK % 64 == 0, "swizzle needs 8-chunk groups");
+  static_assert((BM * kChunks) % kThreads == 0 && (BN * kChunks) % kThreads == 0,
+                "each thread copies whole chunks");
+  static_assert(STAGES >= 2, "pipeline");
+};
+
+// Element offset of chunk c of smem row `row` (XOR swizzle inside 8-chunk
+// groups: ldmatrix's 8 rows at one logical chunk land in 8 bank groups).
+template <int BK>
+__device__ __forceinline__ uint32_t swz(int row, int c) {
+  return static_cast<uint32_t>(row * BK + ((c ^ (row & 7)) * 8));
+}
+
+// One thread's share of copying a [ROWS, BK] tile of a row-major [*, n_in]
+// matrix into a stage, computed once: the thread always copies chunk
+// c = tid % kChunks of rows tid / kChunks + i * kRowStep (THREADS is a
+// multiple of kChunks), so per stage only the k offset moves.
+template <int ROWS, int BK, int THREADS>
+struct CopyPlan {
+  static constexpr int kChunks = BK / 8;
+  static constexpr int kRowStep = THREADS / kChunks;
+  static constexpr int kN = ROWS / kRowStep;  // chunks per thread per stage
+  static_assert(THREADS % kChunks == 0 && ROWS % kRowStep == 0, "whole chunks per thread");
+
+  const uint16_t* base;  // matrix start (a valid address for zero-fill copies)
+  const uint16_t* src;   // this thread's first chunk in k tile 0
+  size_t row_step;       // kRowStep * n_in: elements between this thread's rows
+  uint32_t k;            // element offset of the chunk in a k tile
+  uint32_t dst[kN];      // byte offsets in the stage
+  uint32_t row_ok;       // bit i: row i is inside the matrix
+
+  __device__ __forceinline__ CopyPlan(const uint16_t* m, uint32_t row0, uint32_t row_end,
+                                      uint32_t n_in) {
+    const int t = static_cast<int>(threadIdx.x);
+    const int c = t % kChunks, r = t / kChunks;
+    base = m;
+    k = static_cast<uint32_t>(c) * 8;
+    src = m + size_t{row0 + r} * n_in + k;
+    row_step = size_t{kRowStep} * n_in;
+    row_ok = 0;
+#pragma unroll
+    for (int i = 0; i < kN; ++i) {
+      const int row = r + i * kRowStep;
+      dst[i] = 2 * swz<BK>(row, c);
+      if (row0 + row < row_end) row_ok |= 1u << i;
+    }
+  }
+  // Issues the copies of k tile kt into the stage at smem byte address
+  // `stage`. Chunks past n_in (and rows past row_end) are zero-filled
+  // without reading memory (n_in % 8 == 0: a chunk never straddles n_in).
+  __device__ __forceinline__ void issue(uint32_t stage, uint32_t kt, uint32_t n_in) const {
+    const bool k_ok = kt * BK + k < n_in;
+    const uint16_t* p = src + size_t{kt} * BK;
+#pragma unroll
+    for (int i = 0; i < kN; ++i) {
+      const bool ok = k_ok && (row_ok >> i & 1u);
+      cp_async16(stage + dst[i], ok ? p + i * row_step : base, ok);
+    }
+  }
+};
+
+// Fragments of one k16 step for a warp tile: A (kMT m16 tiles of W) and B
+// (kNT n8 tiles of x), loaded by ldmatrix from a stage.
+template <int kMT, int kNT>
+struct Frags {
+  uint32_t a[kMT][4];
+  uint32_t b[kNT][2];
+};
+
+template <int BK, int kMT, int kNT>
+__device__ __forceinline__ void load_frags(Frags<kMT, kNT>& f, uint32_t sw, uint32_t sx, int kk,
+                                           int a_row0, int b_row0, int lane) {
+  // A: matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15);
+  // lane l addresses row l % 16, chunk l / 16.
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+    const int row = a_row0 + mt * 16 + lane % 16;
+    ldsm_x4(sw + 2 * swz<BK>(row, kk * 2 + lane / 16), f.a[mt][0], f.a[mt][1], f.a[mt][2],
+            f.a[mt][3]);
+  }
+  // B: per n8 tile, matrices (n 0-7, k 0-7) and (n 0-7, k 8-15); x4 loads
+  // two n8 tiles: lane l addresses n (l % 8) + 8 (l / 16), chunk (l / 8) % 2.
+#pragma unroll
+  for (int nt = 0; nt + 1 < kNT; nt += 2) {
+    const int row = b_row0 + nt * 8 + lane % 8 + 8 * (lane / 16);
+    ldsm_x4(sx + 2 * swz<BK>(row, kk * 2 + (lane / 8) % 2), f.b[nt][0], f.b[nt][1], f.b[nt + 1][0],
+            f.b[nt + 1][1]);
+  }
+  if constexpr (kNT % 2 == 1) {
+    constexpr int nt = kNT - 1;
+    const int row = b_row0 + nt * 8 + lane % 8;
+    ldsm_x2(sx + 2 * swz<BK>(row, kk * 2 + (lane / 8) % 2), f.b[nt][0], f.b[nt][1]);
+  }
+}
+
+// acc += this k16 step, for every (m16, n8) tile of the warp. f16 weights:
+// per element the hi step, then the lo step.
+template <bool kF16, int kMT, int kNT>
+__device__ __forceinline__ void mma_step(float (&acc)[kMT][kNT][4], const Frags<kMT, kNT>& f) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+    if constexpr (kF16) {
+      uint32_t hi[4], lo[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) split_f16x2(f.a[mt][e], hi[e], lo[e]);
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) mma_bf16(acc[mt][nt], hi, f.b[nt][0], f.b[nt][1]);
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) mma_bf16(acc[mt][nt], lo, f.b[nt][0], f.b[nt][1]);
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) mma_bf16(acc[mt][nt], f.a[mt], f.b[nt][0], f.b[nt][1]);
+    }
+  }
+}
+
+// Pipeline (CUTLASS's sm80 multistage order). Stage s of the k loop lives in
+// slot s % STAGES. Within k tile kt, at step kk:
+//   - the fragments of step kk + 1 are loaded before step kk's mma (those of
+//     tile kt + 1's step 0 at kk = KK - 1), so ldmatrix hides under the mma;
+//   - at kk = 0 the copies of tile kt + STAGES - 1 are issued into the slot
+//     tile kt - 1 used (every warp finished reading it before the barrier
+//     at kk = KK - 2 of tile kt - 1);
+//   - at kk = KK - 2 the group is committed, the wait leaves at most
+//     STAGES - 2 groups in flight (so tile kt + 1 has landed) and a barrier
+//     makes it visible to every warp.
+// Every tile commits exactly one group (tiles past the end are zero-fills
+// that read no memory), so the wait count is the same every time. Steps past
+// n_in (only in the last tile when n_in % BK != 0) are skipped (kGuard), so
+// each output sees exactly n_in / 16 mma steps whatever BK is.
+template <int BM, int BN, int WM, int WN, int BK, int STAGES, bool kF16>
+__global__ void __launch_bounds__(Tile<BM, BN, WM, WN, BK, STAGES>::kThreads)
+    matmul_tc_kernel(const uint16_t* __restrict__ w, const uint16_t* __restrict__ x,
+                     float* __restrict__ y, uint32_t n_in, uint32_t n_out, uint32_t n_rows,
+                     uint32_t row_tiles) {
+  using T = Tile<BM, BN, WM, WN, BK, STAGES>;
+  constexpr int KK = BK / 16;  // k16 steps per tile
+  constexpr uint32_t kStageBytes = T::kStageElems * 2;
+  extern __shared__ uint4 smem_raw[];
+  const uint32_t smem = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+
+  const uint32_t r0 = (blockIdx.x % row_tiles) * BN;  // first activation row
+  const uint32_t j0 = (blockIdx.x / row_tiles) * BM;  // first output column
+  const uint32_t k_steps = n_in / 16;
+  const uint32_t full_tiles = n_in / BK, k_tiles = (n_in + BK - 1) / BK;
+
+  CopyPlan<BM, BK, T::kThreads> wcopy(w, j0, n_out, n_in);
+  CopyPlan<BN, BK, T::kThreads> xcopy(x, r0, n_rows, n_in);
+  auto issue = [&](uint32_t slot, uint32_t kt) {
+    const uint32_t st = smem + slot * kStageBytes;
+    wcopy.issue(st, kt, n_in);
+    xcopy.issue(st + BM * BK * 2, kt, n_in);
+  };
+
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int a_row0 = (warp % WM) * T::kTM, b_row0 = (warp / WM) * T::kTN;
+
+  float acc[T::kMT][T::kNT][4];
+#pragma unroll
+  for (int mt = 0; mt < T::kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < T::kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    issue(s, s);
+    cp_async_commit();
+  }
+  cp_async_wait<STAGES - 2>();
+  __syncthreads();
+
+  uint32_t read_slot = 0, write_slot = STAGES - 1;
+  Frags<T::kMT, T::kNT> f[2];
+  load_frags<BK>(f[0], smem, smem + BM * BK * 2, 0, a_row0, b_row0, lane);
+
+  auto tile = [&](uint32_t kt, auto guard) {
+    constexpr bool kGuard = decltype(guard)::value;
+    const uint32_t sw = smem + read_slot * kStageBytes;
+#pragma unroll
+    for (int kk = 0; kk < KK; ++kk) {
+      if (kk < KK - 1) {
+        load_frags<BK>(f[(kk + 1) % 2], sw, sw + BM * BK * 2, kk + 1, a_row0, b_row0, lane);
+      } else {  // step 0 of the next tile (already visible: barrier at KK - 2)
+        const uint32_t nw = smem + read_slot * kStageBytes;
+        load_frags<BK>(f[(kk + 1) % 2], nw, nw + BM * BK * 2, 0, a_row0, b_row0, lane);
+      }
+      if (kk == 0) {
+        issue(write_slot, kt + STAGES - 1);
+        write_slot = write_slot + 1 == STAGES ? 0 : write_slot + 1;
+      }
+      if (!kGuard || kt * KK + kk < k_steps) mma_step<kF16>(acc, f[kk % 2]);
+      if (kk == KK - 2) {
+        cp_async_commit();
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        read_slot = read_slot + 1 == STAGES ? 0 : read_slot + 1;
+      }
+    }
+  };
+  for (uint32_t kt = 0; kt < full_tiles; ++kt) tile(kt, std::false_type{});
+  if (k_tiles > full_tiles) tile(full_tiles, std::true_type{});
+  cp_async_wait<0>();  // nothing in flight at exit (the tail groups are zero-fills)
+
+  // D[m = j, n = r]: d0, d1 at (g, 2c), (g, 2c + 1); d2, d3 at (g + 8, ...).
+  const int g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int mt = 0; mt < T::kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < T::kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint32_t j = j0 + a_row0 + mt * 16 + g + 8 * (e / 2);
+        const uint32_t r = r0 + b_row0 + nt * 8 + 2 * c + e % 2;
+        if (j < n_out && r < n_rows) y[size_t{r} * n_out + j] = acc[mt][nt][e];
+      }
+}
+
+// ---- variants ----------------------------------------------------------------
+
+struct Args {
+  const uint16_t* w;
+  size_t n_in, n_out;
+  const uint16_t* x;
+  size_t n_rows;
+  float* y;
+  cudaStream_t stream;
+};
+
+template <int BM, int BN, int WM, int WN, int BK, int STAGES>
+struct Variant {
+  static constexpr TileConfig kConfig = {nullptr, BM, BN, WM, WN, BK, STAGES};
+
+  template <bool kF16>
+  static void launch(const Args& a) {
+    using T = Tile<BM, BN, WM, WN, BK, STAGES>;
+    auto* kernel = matmul_tc_kernel<BM, BN, WM, WN, BK, STAGES, kF16>;
+    // Raise the dynamic shared-memory limit once per device.
+    static std::atomic<uint64_t> done{0};
+    int dev = 0;
+    FERRY_CUDA_CHECK(cudaGetDevice(&dev));
+    const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
+    if (bit == 0 || !(done.load(std::memory_order_relaxed) & bit)) {
+      FERRY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(T::kSmemBytes)));
+      done.fetch_or(bit, std::memory_order_relaxed);
+    }
+    const size_t row_tiles = (a.n_rows + BN - 1) / BN, col_tiles = (a.n_out + BM - 1) / BM;
+    FERRY_CHECK(row_tiles * col_tiles <= 0x7fffffffu, "matmul_tc",
+                "too many tiles: n_rows=", a.n_rows, " n_out=", a.n_out);
+    kernel<<<static_cast<unsigned>(row_tiles * col_tiles), T::kThreads, T::kSmemBytes, a.stream>>>(
+        a.w, a.x, a.y, static_cast<uint32_t>(a.n_in), static_cast<uint32_t>(a.n_out),
+        static_cast<uint32_t>(a.n_rows), static_cast<uint32_t>(row_tiles));
+    FERRY_CUDA_LAUNCHED("matmul_tc_kernel");
+  }
+};
+
+// The menu. Names: S = skinny (one m16 tile per warp), M = mid, L = large;
+// then bm x bn. Shared memory per CTA = stages * (bm + bn) * bk * 2 bytes.
+// choose_config uses those marked *; the others stay for the tests (every
+// variant must give the same bits) and for re-tuning with
+// gpu_matmul_bench --sweep on other shapes or GPUs.
+using Variants =
+    std::tuple<Variant<16, 8, 1, 1, 128, 8>,    // 0 S16x8*    48 KB, 1 warp
+               Variant<32, 8, 2, 1, 128, 6>,    // 1 S32x8     60 KB
+               Variant<64, 8, 4, 1, 128, 4>,    // 2 S64x8*    72 KB
+               Variant<16, 16, 1, 1, 128, 6>,   // 3 S16x16    48 KB
+               Variant<32, 16, 2, 1, 128, 6>,   // 4 S32x16*   72 KB
+               Variant<16, 32, 1, 1, 128, 6>,   // 5 S16x32    72 KB
+               Variant<32, 32, 2, 1, 128, 4>,   // 6 S32x32    64 KB
+               Variant<32, 64, 2, 2, 64, 4>,    // 7 M32x64    48 KB, warp 16x32
+               Variant<64, 64, 2, 2, 64, 4>,    // 8 M64x64*   64 KB, warp 32x32
+               Variant<128, 64, 2, 2, 64, 4>,   // 9 L128x64*  96 KB, warp 64x32
+               Variant<64, 128, 2, 2, 64, 4>,   // 10 L64x128  96 KB, warp 32x64
+               Variant<128, 128, 2, 4, 64, 3>,  // 11 L128x128 96 KB, 8 warps of 64x32
+               Variant<128, 128, 2, 2, 64, 3>,  // 12 L128x128w4 96 KB, 4 warps of 64x64
+               Variant<256, 128, 4, 2, 64, 3>,  // 13 L256x128* 144 KB, 8 warps of 64x64
+               Variant<16, 8, 1, 1, 256, 4>,    // 14 S16x8k256 48 KB, 1 warp
+               Variant<16, 8, 1, 1, 128, 4>,    // 15 S16x8s4   24 KB, 1 warp
+               Variant<64, 16, 4, 1, 128, 4>,   // 16 S64x16*   80 KB
+               Variant<64, 32, 4, 1, 128, 4>,   // 17 S64x32*   96 KB
+               Variant<64, 8, 4, 1, 256, 3>>;   // 18 S64x8k256 108 KB
+
+constexpr const char* kNames[] = {"S16x8",   "S32x8",    "S64x8",      "S16x16",   "S32x16",
+                                  "S16x32",  "S32x32",   "M32x64",     "M64x64",   "L128x64",
+                                  "L64x128", "L128x128", "L128x128w4", "L256x128", "S16x8k256",
+                                  "S16x8s4", "S64x16",   "S64x32",     "S64x8k256"};
+constexpr size_t kN = std::tuple_size_v<Variants>;
+static_assert(std::size(kNames) == kN);
+
+using LaunchFn = void (*)(const Args&);
+
+template <size_t... I>
+constexpr auto make_table(std::index_sequence<I...>) {
+  struct Table {
+    TileConfig cfg[kN];
+    LaunchFn bf16[kN], f16[kN];
+  } t{};
+  ((t.cfg[I] = std::tuple_element_t<I, Variants>::kConfig, t.cfg[I].name = kNames[I],
+    t.bf16[I] = &std::tuple_element_t<I, Variants>::template launch<false>,
+    t.f16[I] = &std::tuple_element_t<I, Variants>::template launch<true>),
+   ...);
+  return t;
+}
+const auto kTable = make_table(std::make_index_sequence<kN>{});
+
+}  // namespace
+
+size_t n_configs() {
+  return kN;
+}
+const TileConfig& config(size_t i) {
+  FERRY_CHECK(i < kN, "matmul_tc", "config ", i, " of ", kN);
+  return kTable.cfg[i];
+}
+
+// Per row-count range, the candidates from the coarsest tile to the finest;
+// take the first that gives at least kMinCtas CTAs (about 3/4 of an H200's
+// 132 SMs: K is never split, so the output tiles are all the parallelism
+// there is), else the finest. Measured on the H200 (bench/gpu_matmul_bench
+// --sweep): each pick is within 5% of the best
+// variant for every shape and row count measured (rows 1..256, 8B shapes).
+// Any choice computes the same bits.
+size_t choose_config(size_t n_in, size_t n_out, size_t n_rows) {
+  (void)n_in;
+  constexpr size_t kMinCtas = 100;
+  // Indices into Variants (names in kNames).
+  // The last (finest) entries only matter for n_out below the measured
+  // shapes (e.g. separate k / v projections with n_out 1024).
+  static constexpr size_t kRows8[] = {2, 0},  // S64x8, S16x8
+      kRows16[] = {16, 4, 3},                 // S64x16, S32x16, S16x16
+      kRows32[] = {17, 4, 3},                 // S64x32, S32x16 (two row tiles), S16x16
+      kRows64[] = {9, 17, 4},                 // L128x64, S64x32, S32x16
+      kRows128[] = {13, 9, 8, 7},             // L256x128, L128x64, M64x64, M32x64
+      kRowsMore[] = {13, 9};                  // L256x128, L128x64
+  const size_t* cand;
+  size_t n;
+  if (n_rows <= 8) {
+    cand = kRows8, n = std::size(kRows8);
+  } else if (n_rows <= 16) {
+    cand = kRows16, n = std::size(kRows16);
+  } else if (n_rows <= 32) {
+    cand = kRows32, n = std::size(kRows32);
+  } else if (n_rows <= 64) {
+    cand = kRows64, n = std::size(kRows64);
+  } else if (n_rows <= 128) {
+    cand = kRows128, n = std::size(kRows128);
+  } else {
+    cand = kRowsMore, n = std::size(kRowsMore);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const TileConfig& c = kTable.cfg[cand[i]];
+    const size_t ctas = ((n_out + c.bm - 1) / c.bm) * ((n_rows + c.bn - 1) / c.bn);
+    if (ctas >= kMinCtas) return cand[i];
+  }
+  return cand[n - 1];
+}
+
+void matmul_tc_with(size_t cfg, const uint16_t* w, bool w_f16, size_t n_in, size_t n_out,
+                    const uint16_t* x, size_t n_rows, float* y, cudaStream_t stream) {
+  FERRY_CHECK(cfg < kN, "matmul_tc", "config ", cfg, " of ", kN);
+  if (n_rows == 0 || n_out == 0) return;
+  FERRY_CHECK(n_in % 16 == 0, "matmul_tc", "n_in=", n_in, " not a multiple of 16");
+  FERRY_CHECK(n_in < (size_t{1} << 31) && n_out < (size_t{1} << 31) && n_rows < (size_t{1} << 31),
+              "matmul_tc", "shape too large: n_in=", n_in, " n_out=", n_out, " n_rows=", n_rows);
+  FERRY_CHECK(reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0,
+              "matmul_tc", "w and x must be 16-byte aligned");
+  const Args a{w, n_in, n_out, x, n_rows, y, stream};
+  (w_f16 ? kTable.f16 : kTable.bf16)[cfg](a);
+}
+
+}  // namespace tc
+
+void matmul_tc(const uint16_t* w, bool w_f16, size_t n_in, size_t n_out, const uint16_t* x,
+               size_t n_rows, float* y, cudaStream_t stream) {
+  tc::matmul_tc_with(tc::choose_config(n_in, n_out, n_rows), w, w_f16, n_in, n_out, x, n_rows, y,
+                     stream);
+}
+
+}  // namespace ferry::cuda

@@ -1,0 +1,37 @@
+// Internal to src/cuda (plus its tests and benchmark): the tile variants
+// behind cuda::matmul_tc, so that tests can bit-compare every variant on the
+// same inputs and the benchmark can time each one. Host declarations only
+// (includable from .cpp files built by the host compiler).
+//
+// Every variant computes every output element with the same arithmetic (see
+// matmul_tc.cu); they differ only in how the [n_out, n_rows] output is cut
+// into CTA tiles and in the shared-memory pipeline depth.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ferry::cuda::tc {
+
+struct TileConfig {
+  const char* name;
+  int bm;      // weight rows (output columns j) per CTA; multiple of 16
+  int bn;      // activation rows r per CTA; multiple of 8
+  int wm, wn;  // warps along bm and bn (warp tile (bm / wm) x (bn / wn))
+  int bk;      // k per pipeline stage; multiple of 64
+  int stages;  // cp.async stages in flight
+};
+
+size_t n_configs();
+const TileConfig& config(size_t i);
+
+// The variant matmul_tc uses for this shape (an index into config()).
+size_t choose_config(size_t n_in, size_t n_out, size_t n_rows);
+
+// matmul_tc with the variant forced (same preconditions, same results).
+void matmul_tc_with(size_t config, const uint16_t* w, bool w_f16, size_t n_in, size_t n_out,
+                    const uint16_t* x, size_t n_rows, float* y, cudaStream_t stream);
+
+}  // namespace ferry::cuda::tc

@@ -1,0 +1,242 @@
+// cuda::matmul_tc (tensor-core dense product): accuracy against an f64
+// reference, every output written and nothing past the end, and its
+// determinism contract bit for bit: a row alone equals the same row at any
+// position of any batch, and every tile variant gives the same bits.
+//
+// Tolerance. Inputs are bf16 (weights bf16 or f16) widened exactly; the f64
+// reference of y[r, j] is exact to ~1e-16. Products of bf16 x bf16 (and of
+// the f16 weight's exact bf16 parts) are exact in the tensor core; the error
+// is the accumulation: each mma step (16 products into the f32 accumulator)
+// is taken to lose at most ~2 ulp (2^-22 relative, truncating alignment) of
+// the largest magnitude involved, which is <= S = sum_k |W[j,k] x[r,k]|. So
+// |y - ref| <= (steps + 1) * 2^-22 * S with steps = n_in / 16 (n_in / 8 for
+// f16 weights: two steps per k16). For n_in = 4096 that is 6e-5 * S; the
+// observed error is printed (typically far under it).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "cuda/matmul_tc.cuh"
+#include "cuda_test_util.h"
+
+namespace ferry::test {
+namespace {
+
+// Random 16-bit inputs in [-scale, scale] and their exact f32 values.
+struct Half16 {
+  std::vector<uint16_t> bits;
+  std::vector<float> f;
+};
+Half16 random_half16(size_t n, uint32_t seed, bool f16, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-scale, scale);
+  Half16 h;
+  h.bits.resize(n);
+  h.f.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const float v = d(rng);
+    h.bits[i] = f16 ? f32_to_f16(v) : f32_to_bf16(v);
+    h.f[i] = f16 ? f16_to_f32(h.bits[i]) : bf16_to_f32(h.bits[i]);
+  }
+  return h;
+}
+
+// y for x [n_rows, n_in] at d_x (device), through `cfg` (or matmul_tc's own
+// choice when cfg < 0). y is poisoned first; `guard` floats past the end must
+// stay poisoned (checked here).
+std::vector<float> run_tc(const DeviceBuffer<uint16_t>& w, bool f16, size_t n_in, size_t n_out,
+                          const uint16_t* d_x, size_t n_rows, int cfg = -1) {
+  constexpr size_t guard = 64;
+  DeviceBuffer<float> d_y(n_rows * n_out + guard);
+  d_y.poison();
+  if (cfg < 0)
+    cuda::matmul_tc(w.get(), f16, n_in, n_out, d_x, n_rows, d_y.get(), nullptr);
+  else
+    cuda::tc::matmul_tc_with(static_cast<size_t>(cfg), w.get(), f16, n_in, n_out, d_x, n_rows,
+                             d_y.get(), nullptr);
+  auto y = d_y.download();
+  for (size_t i = n_rows * n_out; i < y.size(); ++i)
+    EXPECT_EQ(bits(y[i]), 0xffffffffu) << "wrote past the end at " << i - n_rows * n_out;
+  y.resize(n_rows * n_out);
+  return y;
+}
+
+struct Shape {
+  size_t n_in, n_out;
+};
+// n_out not a multiple of any tile (and 1); n_in a multiple of 16 that is
+// not one of 64 or 128 (partial last stage), one k step, and the 8B shapes'
+// n_in values.
+const Shape kShapes[] = {{16, 1}, {64, 40}, {80, 130}, {1040, 77}, {4096, 272}, {14336, 48}};
+
+TEST(CudaTc, MatmulTcMatchesF64Reference) {
+  REQUIRE_GPU();
+  for (bool f16 : {false, true})
+    for (const Shape& s : kShapes) {
+      const auto w = random_half16(s.n_out * s.n_in, 101 + s.n_in, f16);
+      const DeviceBuffer<uint16_t> d_w(w.bits);
+      const size_t steps = s.n_in / 16 * (f16 ? 2 : 1);
+      const double tol = (steps + 1) * std::ldexp(1.0, -22);
+      double worst = 0;  // max |err| / S seen
+      for (size_t n_rows : {1, 2, 7, 8, 9, 16, 17, 32, 33, 64, 65, 129, 300}) {
+        if (s.n_in * n_rows * s.n_out > (size_t{200} << 20)) continue;  // CPU time
+        const auto x = random_half16(n_rows * s.n_in, 202 + n_rows, false, 2.0f);
+        const DeviceBuffer<uint16_t> d_x(x.bits);
+        const auto y = run_tc(d_w, f16, s.n_in, s.n_out, d_x.get(), n_rows);
+        size_t bad = 0;
+        for (size_t r = 0; r < n_rows; ++r)
+          for (size_t j = 0; j < s.n_out; ++j) {
+            double ref = 0, mag = 0;
+            for (size_t k = 0; k < s.n_in; ++k) {
+              const double p = double{w.f[j * s.n_in + k]} * x.f[r * s.n_in + k];
+              ref += p;
+              mag += std::fabs(p);
+            }
+            const double got = y[r * s.n_out + j];
+            const double err = std::fabs(got - ref);
+            if (!(err <= tol * mag + 1e-30)) {  // also catches NaN (unwritten)
+              if (bad++ < 5)
+                ADD_FAILURE() << (f16 ? "f16" : "bf16") << " n_in=" << s.n_in
+                              << " n_out=" << s.n_out << " n_rows=" << n_rows << " r=" << r
+                              << " j=" << j << " got " << got << " want " << ref;
+            } else if (mag > 0) {
+              worst = std::max(worst, err / mag);
+            }
+          }
+        EXPECT_EQ(bad, 0u);
+      }
+      std::printf("[ tc ] %s n_in=%zu n_out=%zu: max |err|/S = %.3g (bound %.3g)\n",
+                  f16 ? "f16 " : "bf16", s.n_in, s.n_out, worst, tol);
+    }
+}
+
+// The determinism contract: row r computed alone (n_rows = 1) equals row r
+// inside batches of 7..300 rows at the first, middle and last offsets of a
+// 300-row pool (so it sits at positions 0, middle and B - 1 of batches that
+// take different tile variants), bit for bit.
+TEST(CudaTc, MatmulTcRowAloneEqualsRowInAnyBatch) {
+  REQUIRE_GPU();
+  const size_t pool = 300;
+  const size_t batches[] = {7, 8, 9, 33, 64, 129, 256, 300};
+  const struct {
+    Shape s;
+    bool f16;
+  } cases[] = {{{64, 40}, false},     {{1040, 77}, false}, {{4096, 272}, false},
+               {{4096, 4096}, false}, {{1040, 77}, true},  {{14336, 48}, true}};
+  for (const auto& c : cases) {
+    const Shape s = c.s;
+    const auto w = random_half16(s.n_out * s.n_in, 301 + s.n_out, c.f16);
+    const auto x = random_half16(pool * s.n_in, 302 + s.n_in, false, 3.0f);
+    const DeviceBuffer<uint16_t> d_w(w.bits), d_x(x.bits);
+    std::vector<float> alone(pool * s.n_out);
+    for (size_t r = 0; r < pool; ++r) {
+      const auto y = run_tc(d_w, c.f16, s.n_in, s.n_out, d_x.get() + r * s.n_in, 1);
+      std::copy(y.begin(), y.end(), alone.begin() + r * s.n_out);
+    }
+    for (size_t b : batches)
+      for (size_t off : {size_t{0}, (pool - b) / 2, pool - b}) {
+        const auto y = run_tc(d_w, c.f16, s.n_in, s.n_out, d_x.get() + off * s.n_in, b);
+        const long diff = first_bit_diff(y, alone.data() + off * s.n_out, b * s.n_out);
+        EXPECT_EQ(diff, -1) << (c.f16 ? "f16" : "bf16") << " n_in=" << s.n_in
+                            << " n_out=" << s.n_out << " batch=" << b << " offset=" << off
+                            << ": row " << (diff < 0 ? 0 : diff / s.n_out)
+                            << " (position in batch)";
+      }
+  }
+}
+
+// Every tile variant (whatever the row count it is meant for) computes the
+// same bits as matmul_tc's choice, for both weight types.
+TEST(CudaTc, MatmulTcEveryVariantGivesTheSameBits) {
+  REQUIRE_GPU();
+  const Shape shapes[] = {{64, 40}, {1040, 77}, {4096, 272}, {80, 1030}};
+  for (bool f16 : {false, true})
+    for (const Shape& s : shapes) {
+      const auto w = random_half16(s.n_out * s.n_in, 401 + s.n_in, f16);
+      const DeviceBuffer<uint16_t> d_w(w.bits);
+      for (size_t n_rows : {1, 9, 70, 300}) {
+        const auto x = random_half16(n_rows * s.n_in, 402 + n_rows, false, 2.0f);
+        const DeviceBuffer<uint16_t> d_x(x.bits);
+        const auto want = run_tc(d_w, f16, s.n_in, s.n_out, d_x.get(), n_rows);
+        for (size_t i = 0; i < cuda::tc::n_configs(); ++i) {
+          const auto got =
+              run_tc(d_w, f16, s.n_in, s.n_out, d_x.get(), n_rows, static_cast<int>(i));
+          EXPECT_EQ(first_bit_diff(want, got.data(), want.size()), -1)
+              << cuda::tc::config(i).name << (f16 ? " f16" : " bf16") << " n_in=" << s.n_in
+              << " n_out=" << s.n_out << " n_rows=" << n_rows;
+        }
+      }
+    }
+}
+
+// Special values flow as IEEE says: a NaN input poisons only its own
+// outputs, +-0 and exact cancellation give exact results.
+TEST(CudaTc, MatmulTcSpecialValuesStayInTheirOutputs) {
+  REQUIRE_GPU();
+  const size_t n_in = 64, n_out = 24, n_rows = 5;
+  auto w = random_half16(n_out * n_in, 501, false);
+  auto x = random_half16(n_rows * n_in, 502, false);
+  x.bits[2 * n_in + 7] = 0x7fc0;                               // NaN in row 2
+  for (size_t k = 0; k < n_in; ++k) w.bits[3 * n_in + k] = 0;  // column 3: all +0
+  const DeviceBuffer<uint16_t> d_w(w.bits), d_x(x.bits);
+  const auto y = run_tc(d_w, false, n_in, n_out, d_x.get(), n_rows);
+  for (size_t r = 0; r < n_rows; ++r)
+    for (size_t j = 0; j < n_out; ++j) {
+      const float v = y[r * n_out + j];
+      if (r == 2)
+        EXPECT_TRUE(std::isnan(v)) << r << "," << j;
+      else if (j == 3)
+        EXPECT_EQ(v, 0.0f) << r << "," << j;  // zero (either sign)
+      else
+        EXPECT_TRUE(std::isfinite(v)) << r << "," << j;
+    }
+}
+
+// The variant table choose_config applies (host only): pins the picks
+// measured best on the H200 for Llama-3.1-8B's shapes (matmul_tc.cu), so a
+// change to the menu or the rule shows up here.
+TEST(CudaTc, ChooseConfigPicksTheMeasuredVariants) {
+  const struct {
+    size_t n_in, n_out, n_rows;
+    const char* want;
+  } cases[] = {{4096, 4096, 1, "S16x8"},
+               {14336, 4096, 8, "S16x8"},
+               {4096, 14336, 1, "S64x8"},
+               {4096, 128256, 8, "S64x8"},
+               {4096, 4096, 16, "S32x16"},
+               {4096, 14336, 16, "S64x16"},
+               {4096, 4096, 32, "S32x16"},
+               {4096, 128256, 32, "S64x32"},
+               {4096, 4096, 64, "S64x32"},
+               {4096, 14336, 64, "L128x64"},
+               {4096, 4096, 96, "M64x64"},
+               {4096, 128256, 128, "L256x128"},
+               {4096, 4096, 256, "L128x64"},
+               {4096, 14336, 256, "L256x128"},
+               {14336, 4096, 256, "L128x64"},
+               {4096, 128256, 256, "L256x128"},
+               // Unmeasured (k / v projections): the finest fallbacks.
+               {4096, 1024, 32, "S16x16"},
+               {4096, 1024, 64, "S32x16"}};
+  for (const auto& c : cases)
+    EXPECT_STREQ(cuda::tc::config(cuda::tc::choose_config(c.n_in, c.n_out, c.n_rows)).name, c.want)
+        << c.n_in << "->" << c.n_out << " rows=" << c.n_rows;
+}
+
+TEST(CudaTc, MatmulTcRejectsBadShapes) {
+  // Checked on the host before any launch (no GPU needed).
+  alignas(16) static uint16_t buf[64];
+  float out[4];
+  EXPECT_THROW(cuda::matmul_tc(buf, false, 24, 1, buf, 1, out, nullptr), Error);      // n_in % 16
+  EXPECT_THROW(cuda::matmul_tc(buf + 1, false, 16, 1, buf, 1, out, nullptr), Error);  // align
+  EXPECT_THROW(cuda::matmul_tc(buf, false, 16, 1, buf + 1, 1, out, nullptr), Error);
+  cuda::matmul_tc(buf, false, 16, 1, buf, 0, out, nullptr);  // no rows: nothing to do
+}
+
+}  // namespace
+}  // namespace ferry::test
