@@ -286,7 +286,7 @@ bool Scheduler::step() {
   }
 
   // 3. One forward for every row.
-  std::vector<float> logits;
+  std::vector<float>& logits = logits_;  // kept across steps: no per-step allocation
   model_.forward(ctx_, batch_, rows, logits);
 
   // 4. Sample, stream, retire.
@@ -358,7 +358,10 @@ bool Scheduler::step() {
   m_.generation_tokens_total += generated;
   for (double t : ttfts) m_.ttft.observe(t);
   for (double t : itls) m_.itl.observe(t);
-  if (running_.empty()) batch_ = kv::BatchKv(spec_, model_.kv_allocator());  // give the memory back
+  if (running_.empty()) {  // give the memory back
+    batch_ = kv::BatchKv(spec_, model_.kv_allocator());
+    logits_ = {};
+  }
   cv_.notify_all();
   return true;
 }

@@ -83,8 +83,8 @@ inline __m512i dot4(__m512i w, __m512i x) {
 // wide as the loads that read them back (a narrower store would block
 // store-to-load forwarding).
 template <bool Nibbles>
-inline void unpack_pair(const uint8_t* src, size_t stride, size_t k, bool two, uint8_t flip,
-                        uint8_t* dst) {
+inline __m512i unpack_pair_reg(const uint8_t* src, size_t stride, size_t k, bool two,
+                               uint8_t flip) {
   __m512i z;
   if constexpr (Nibbles) {
     const __m128i a = _mm_loadu_si128((const __m128i*)(src + k * stride));
@@ -101,7 +101,13 @@ inline void unpack_pair(const uint8_t* src, size_t stride, size_t k, bool two, u
     z = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1),
                          _mm512_set1_epi8(static_cast<char>(flip)));
   }
-  _mm512_store_si512(dst + 32 * k, z);
+  return z;
+}
+
+template <bool Nibbles>
+inline void unpack_pair(const uint8_t* src, size_t stride, size_t k, bool two, uint8_t flip,
+                        uint8_t* dst) {
+  _mm512_store_si512(dst + 32 * k, unpack_pair_reg<Nibbles>(src, stride, k, two, flip));
 }
 
 template <bool Nibbles>
@@ -155,9 +161,59 @@ inline Vec16 scales_f16(const uint8_t* first, size_t n) {
     const __m512i idx = _mm512_load_si512(G::kTables.idx[p]);
     acc = _mm512_mask_blend_epi16(G::kTables.mask[p], acc,
                                   _mm512_permutex2var_epi16(z[0], idx, z[1]));
+    if (128 * (p + 1) >= bytes) break;  // a short last chunk: no more blocks
   }
   // Lanes >= n read zero bytes (masked loads), so they are +0.
   return {_mm512_cvtph_ps(_mm512_castsi512_si256(acc))};
+}
+
+// Dword permutes for scales_f16_pair: for the 32-dword window p, idx[p][k]
+// = dword of lane k inside it and mask[p] the lanes whose dword is there.
+template <size_t Stride>
+struct PairGather {
+  static constexpr size_t kWindows = (15 * Stride / 4) / 32 + 1;
+  struct Tables {
+    alignas(64) int32_t idx[kWindows][16] = {};
+    uint16_t mask[kWindows] = {};
+  };
+  static constexpr Tables make() {
+    Tables t;
+    for (size_t k = 0; k < 16; ++k) {
+      const size_t dword = k * Stride / 4;
+      t.idx[dword / 32][k] = static_cast<int32_t>(dword % 32);
+      t.mask[dword / 32] = static_cast<uint16_t>(t.mask[dword / 32] | (1u << k));
+    }
+    return t;
+  }
+  static constexpr Tables kTables = make();
+};
+
+// scales_f16<Stride, 0> and scales_f16<Stride, 2> at once (Q4_1's d and m
+// share a dword): one gather of each block's first dword.
+template <size_t Stride>
+inline void scales_f16_pair(const uint8_t* first, size_t n, Vec16& lo, Vec16& hi) {
+  static_assert(Stride % 4 == 0);
+  using G = PairGather<Stride>;
+  const size_t bytes = n * Stride;
+  __m512i acc = _mm512_setzero_si512();
+#pragma GCC unroll 8
+  for (size_t p = 0; p < G::kWindows; ++p) {
+    __m512i z[2];
+#pragma GCC unroll 2
+    for (size_t h = 0; h < 2; ++h) {
+      const size_t at = 128 * p + 64 * h;
+      const size_t left = bytes > at ? bytes - at : 0;
+      const __mmask64 m = left >= 64 ? ~__mmask64{0} : (__mmask64{1} << left) - 1;
+      z[h] = _mm512_maskz_loadu_epi8(m, first + at);
+    }
+    acc = _mm512_mask_blend_epi32(
+        G::kTables.mask[p], acc,
+        _mm512_permutex2var_epi32(z[0], _mm512_load_si512(G::kTables.idx[p]), z[1]));
+    if (128 * (p + 1) >= bytes) break;
+  }
+  // Lanes >= n read zero bytes (masked loads), so they are +0.
+  lo = {_mm512_cvtph_ps(_mm512_cvtepi32_epi16(acc))};
+  hi = {_mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(acc, 16)))};
 }
 
 // Stage s of the transpose (see transpose_chunk): registers hold 2^(s+1)
@@ -275,6 +331,19 @@ inline __m512i sum_blocks(const __m512i v[8]) {
                           _mm512_permutex2var_epi32(w[0], ib, w[1]));
 }
 
+// sum_blocks for blocks 0-7 only (v[0..3]): half the tree, lanes 8-15 zero.
+inline __m512i sum_blocks_half(const __m512i v[4]) {
+  const __m512i u0 =
+      _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]), _mm512_unpackhi_epi32(v[0], v[1]));
+  const __m512i u1 =
+      _mm512_add_epi32(_mm512_unpacklo_epi32(v[2], v[3]), _mm512_unpackhi_epi32(v[2], v[3]));
+  const __m512i w0 = _mm512_add_epi32(_mm512_unpacklo_epi64(u0, u1), _mm512_unpackhi_epi64(u0, u1));
+  const __m512i ia = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i ib = _mm512_setr_epi32(4, 12, 5, 13, 6, 14, 7, 15, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_maskz_add_epi32(0xff, _mm512_permutexvar_epi32(ia, w0),
+                                _mm512_permutexvar_epi32(ib, w0));
+}
+
 // Lanes l < n: block l's sum; blocks past n in the read pairs must have
 // zero activation codes (QuantRows padding).
 template <bool Signed>
@@ -287,20 +356,34 @@ inline I32x16 block_dots_natural(const uint8_t* w, const int8_t* x, size_t n) {
                        : _mm512_setzero_si512();
     return {sum_blocks(v)};
   }
-  // Blocks 0-7 only: half the tree, lanes 8-15 zero.
 #pragma GCC unroll 4
   for (size_t i = 0; i < 4; ++i)
     v[i] = 2 * i < n ? dot4<Signed>(_mm512_load_si512(w + 64 * i), _mm512_loadu_si512(x + 64 * i))
                      : _mm512_setzero_si512();
-  const __m512i u0 =
-      _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]), _mm512_unpackhi_epi32(v[0], v[1]));
-  const __m512i u1 =
-      _mm512_add_epi32(_mm512_unpacklo_epi32(v[2], v[3]), _mm512_unpackhi_epi32(v[2], v[3]));
-  const __m512i w0 = _mm512_add_epi32(_mm512_unpacklo_epi64(u0, u1), _mm512_unpackhi_epi64(u0, u1));
-  const __m512i ia = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __m512i ib = _mm512_setr_epi32(4, 12, 5, 13, 6, 14, 7, 15, 0, 0, 0, 0, 0, 0, 0, 0);
-  return {_mm512_maskz_add_epi32(0xff, _mm512_permutexvar_epi32(ia, w0),
-                                 _mm512_permutexvar_epi32(ib, w0))};
+  return {sum_blocks_half(v)};
+}
+
+// block_dots_natural of the codes unpack_codes would write, taken from the
+// weight row in registers: no unpacked copy, for the one-row call that has
+// no other row to share one with. The same integers.
+template <bool Nibbles, bool Signed>
+inline I32x16 block_dots_direct(const uint8_t* src, size_t stride, size_t n, uint8_t flip,
+                                const int8_t* x) {
+  __m512i v[8];
+  if (n == 16) {
+#pragma GCC unroll 8
+    for (size_t i = 0; i < 8; ++i)
+      v[i] = dot4<Signed>(unpack_pair_reg<Nibbles>(src, stride, 2 * i, true, flip),
+                          _mm512_loadu_si512(x + 64 * i));
+    return {sum_blocks(v)};
+  }
+  const size_t pairs = n > 8 ? 8 : 4;
+  for (size_t i = 0; i < pairs; ++i)
+    v[i] = 2 * i < n
+               ? dot4<Signed>(unpack_pair_reg<Nibbles>(src, stride, 2 * i, 2 * i + 1 < n, flip),
+                              _mm512_loadu_si512(x + 64 * i))
+               : _mm512_setzero_si512();
+  return {n > 8 ? sum_blocks(v) : sum_blocks_half(v)};
 }
 
 template <bool Signed, int W>
@@ -526,6 +609,23 @@ inline I32x16 block_dots(const uint8_t* w, const int8_t* x) {
       r.l[l] += wi * x[o];
     }
   return r;
+}
+#endif
+
+#if !defined(FERRY_VEC_AVX512)
+template <size_t Stride>
+inline void scales_f16_pair(const uint8_t* first, size_t n, Vec16& lo, Vec16& hi) {
+  lo = scales_f16<Stride, 0>(first, n);
+  hi = scales_f16<Stride, 2>(first, n);
+}
+
+// block_dots_direct (see the AVX-512 one): unpack, then block_dots_natural.
+template <bool Nibbles, bool Signed>
+inline I32x16 block_dots_direct(const uint8_t* src, size_t stride, size_t n, uint8_t flip,
+                                const int8_t* x) {
+  alignas(64) uint8_t natural[16 * 32];
+  unpack_codes<Nibbles>(src, stride, n, flip, natural);
+  return block_dots_natural<Signed>(natural, x, n);
 }
 #endif
 

@@ -62,6 +62,19 @@ struct SimpleBlocks {
     scales_f16<Bytes, 0>(first, n).store(c.dw);
     if constexpr (Min) scales_f16<Bytes, 2>(first, n).store(c.m);
   }
+  // For one_row: the values unpack would put in c.dw and c.m (m only with
+  // Min), and block_dots_natural of the codes it would unpack.
+  static void scales(const uint8_t* row, size_t b, size_t n, Vec16& dw, Vec16& m) {
+    const uint8_t* first = row + Bytes * b;
+    if constexpr (Min)
+      scales_f16_pair<Bytes>(first, n, dw, m);
+    else
+      dw = scales_f16<Bytes, 0>(first, n);
+  }
+  template <bool Signed>
+  static I32x16 dots(const uint8_t* row, size_t b, size_t n, const int8_t* x) {
+    return block_dots_direct<Nibbles, Signed>(row + Bytes * b + CodeOffset, Bytes, n, Flip, x);
+  }
 };
 
 // How a weight type's blocks enter the formula above: kSigned (codes are
@@ -124,8 +137,39 @@ constexpr size_t kPassRows = 64;
 // chunk is unpacked before the current one is used, so its stores (some
 // narrower than the vector loads that read them back, which would defeat
 // store-to-load forwarding) have retired by the time the kernel loads them.
+// cols for one activation row in the natural layout (decode), for the
+// types whose codes block_dots_direct reads in place (SimpleBlocks): the
+// same operations on the same values in the same order as cols, minus the
+// unpacked copy of each chunk, which only pays off when rows share it.
+template <class U>
+void one_row(const WeightView& w, const QuantRows& x, float* y, size_t j0, size_t j1) {
+  const size_t nb = x.nb, rb = w.row_bytes();
+  // One column at a time, so the weights are read in address order (the
+  // hardware prefetchers keep up: interleaving two columns, or software
+  // prefetches as in path_impl.h, measured slower from DRAM).
+  for (size_t j = j0; j < j1; ++j) {
+    const uint8_t* row = w.data + j * rb;
+    Vec16 a = Vec16::zero();
+    for (size_t b = 0; b < nb; b += 16) {
+      const size_t n = std::min<size_t>(16, nb - b);
+      Vec16 dw, m;
+      U::scales(row, b, n, dw, m);
+      I32x16 is = U::template dots<U::kSigned>(row, b, n, x.codes + 32 * b);
+      if constexpr (U::kBiasShift >= 0)
+        is = is.template minus_shifted<(U::kBiasShift >= 0 ? U::kBiasShift : 0)>(
+            I32x16::load(x.sum + b));
+      a.fma(dw * Vec16::load(x.d + b), is.to_float());
+      if constexpr (U::kMin) a.fma(m, Vec16::load(x.dsum + b));
+    }
+    y[j] = a.reduce();
+  }
+}
+
 template <class U>
 void cols(const WeightView& w, const QuantRows& x, size_t n_rows, float* y, size_t j0, size_t j1) {
+  if constexpr (requires { &U::template dots<U::kSigned>; }) {
+    if (n_rows == 1 && !x.chunked) return one_row<U>(w, x, y, j0, j1);
+  }
   const size_t nb = x.nb, nb16 = x.nb16, N = w.n_out, rb = w.row_bytes();
   const size_t n_chunks = nb16 / 16, n_items = (j1 - j0) * n_chunks;
   Chunk buf[2];

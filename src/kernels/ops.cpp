@@ -52,8 +52,7 @@ bool int8_matmul_supported(DType t) {
 }
 
 namespace {
-void run(const Context& ctx, size_t n, size_t grain,
-         const std::function<void(size_t, size_t)>& fn) {
+void run(const Context& ctx, size_t n, size_t grain, RangeFn fn) {
   if (ctx.pool) {
     ctx.pool->parallel_for(n, grain, fn);
   } else {
@@ -156,13 +155,51 @@ void matmul_int8_with(MatmulInt8Cols cols, const Context& ctx, const WeightView&
 }
 
 void matmul(const Context& ctx, const WeightView& w, const float* x, size_t n_rows, float* y) {
-  FERRY_CHECK(w.n_in % 16 == 0, "matmul", "n_in=", w.n_in, " is not a multiple of 16");
-  if (ctx.matmul == MatmulMode::Int8 && int8_matmul_supported(w.type))
-    return matmul_int8_with(int8_cols_for(ctx.path), ctx, w, x, n_rows, y);
+  matmul_many(ctx, std::span<const WeightView>(&w, 1), x, n_rows, std::span<float* const>(&y, 1));
+}
+
+void matmul_many(const Context& ctx, std::span<const WeightView> w, const float* x, size_t n_rows,
+                 std::span<float* const> y) {
+  const size_t n = w.size();
+  FERRY_CHECK(n == y.size() && n > 0 && n <= kMaxMatmulMany, "matmul", w.size(), " weights for ",
+              y.size(), " outputs");
+  // The weights' columns side by side: weight i owns [off[i], off[i + 1]).
+  size_t off[kMaxMatmulMany + 1] = {0};
+  bool int8[kMaxMatmulMany] = {}, any_int8 = false;
+  for (size_t i = 0; i < n; ++i) {
+    FERRY_CHECK(w[i].n_in % 16 == 0, "matmul", "n_in=", w[i].n_in, " is not a multiple of 16");
+    FERRY_CHECK(w[i].n_in == w[0].n_in, "matmul", "weights of n_in ", w[0].n_in, " and ", w[i].n_in,
+                " share an input");
+    off[i + 1] = off[i] + w[i].n_out;
+    int8[i] = ctx.matmul == MatmulMode::Int8 && int8_matmul_supported(w[i].type);
+    any_int8 = any_int8 || int8[i];
+  }
+  QuantRows q;
+  if (any_int8) {
+    FERRY_CHECK(w[0].n_in % 32 == 0, "matmul", "n_in=", w[0].n_in, " is not a multiple of 32");
+    // Quantized once per call, shared read-only by the column threads.
+    // (A lambda naming a thread_local sees the running thread's instance,
+    // so the workers get the view by value.)
+    thread_local QuantBuffer buffer;
+    quantize_rows(ctx, x, n_rows, w[0].n_in, buffer);
+    q = buffer.view;
+  }
   const PathKernels& k = kernels_for(ctx.path);
+  const MatmulInt8Cols int8_cols = any_int8 ? int8_cols_for(ctx.path) : nullptr;
   // Grain of 16 output columns keeps each thread's tile a multiple of the
-  // 4-row tile; the split never changes any element's arithmetic.
-  run(ctx, w.n_out, 16, [&](size_t j0, size_t j1) { k.matmul_cols(w, x, n_rows, y, j0, j1); });
+  // 4-row tile; neither the split nor which weight shares a chunk changes
+  // any element's arithmetic (a column's result depends only on its weight
+  // row and x).
+  run(ctx, off[n], 16, [&, q](size_t c0, size_t c1) {
+    for (size_t i = 0; i < n; ++i) {
+      const size_t b = std::max(c0, off[i]), e = std::min(c1, off[i + 1]);
+      if (b >= e) continue;
+      if (int8[i])
+        int8_cols(w[i], q, n_rows, y[i], b - off[i], e - off[i]);
+      else
+        k.matmul_cols(w[i], x, n_rows, y[i], b - off[i], e - off[i]);
+    }
+  });
 }
 
 void embed(const WeightView& table, std::span<const int32_t> tokens, float* out) {

@@ -64,6 +64,14 @@ struct WeightView {
 // only on row r of x and row j of W.
 void matmul(const Context& ctx, const WeightView& w, const float* x, size_t n_rows, float* y);
 
+// y[i] = matmul(ctx, w[i], x, n_rows) for up to kMaxMatmulMany weights of
+// the same n_in (Q/K/V, gate/up), each y[i] bit-identical to that call.
+// Cheaper than the separate calls: one thread-pool dispatch over all the
+// weights' output columns and, in Int8 mode, x quantized once.
+constexpr size_t kMaxMatmulMany = 8;
+void matmul_many(const Context& ctx, std::span<const WeightView> w, const float* x, size_t n_rows,
+                 std::span<float* const> y);
+
 // out[r, :] = decoded row tokens[r] of the embedding table.
 void embed(const WeightView& table, std::span<const int32_t> tokens, float* out);
 

@@ -85,6 +85,10 @@ struct DecQ4_1 {
 // of its own output element, so y[r, j] equals dot16(decoded row j, x[r]).
 constexpr size_t kRowsPerTile = 4;
 
+// How far ahead of the tile it decodes matmul_cols prefetches weights (8 KB
+// measured better than 4-9 KB of whole tiles and than 16 KB).
+constexpr size_t kPrefetchBytes = 8192;
+
 // Few activation rows (decode): weights are decoded in registers.
 template <class Dec>
 void tile_fused(const uint8_t* const* wr, size_t nj, const float* x, size_t n_rows, size_t K,
@@ -144,6 +148,13 @@ inline void matmul_cols(const WeightView& w, const float* x, size_t n_rows, floa
     for (size_t u = 0; u < nj; ++u) wr[u] = w.data + (j + u) * rb;
     float* yt = y + j;
     if (fused) {
+      // Decode streams the weights from DRAM: ask for the bytes
+      // kPrefetchBytes ahead of this tile, as the hardware prefetchers alone
+      // keep too few lines in flight for four interleaved rows (measured
+      // 1.5-2.8x from DRAM for F16 and Q8_0; no effect on the arithmetic).
+      const size_t from = j * rb + kPrefetchBytes;
+      const size_t to = std::min(j1 * rb, from + nj * rb);
+      for (size_t o = from; o < to; o += 64) __builtin_prefetch(w.data + o);
       switch (w.type) {
         case DType::F32:
           tile_fused<DecF32>(wr, nj, x, n_rows, K, yt, N);

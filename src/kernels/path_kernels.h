@@ -74,8 +74,8 @@ const PathKernels& kernels_for(CpuPath p);
 MatmulInt8Cols avx512vnni_matmul_int8_cols();
 // The int8 kernel matmul uses for path p on this CPU.
 MatmulInt8Cols int8_cols_for(CpuPath p);
-// matmul in MatmulMode::Int8 with a given kernel (matmul passes
-// int8_cols_for(ctx.path); tests pass each kernel, VNNI or not).
+// matmul in MatmulMode::Int8 with a given kernel, for tests that run each
+// kernel, VNNI or not (matmul and matmul_many use int8_cols_for(ctx.path)).
 void matmul_int8_with(MatmulInt8Cols cols, const Context& ctx, const WeightView& w, const float* x,
                       size_t n_rows, float* y);
 

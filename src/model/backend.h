@@ -53,6 +53,13 @@ class Backend {
   virtual void rmsnorm(const float* x, const float* w, size_t n_rows, size_t dim, float eps,
                        float* out) = 0;
   virtual void matmul(const kernels::WeightView& w, const float* x, size_t n_rows, float* y) = 0;
+  // y[i] = matmul(w[i], x) for weights with the same n_in (Q/K/V, gate/up):
+  // each y[i] bit-identical to the separate call. A backend may run them as
+  // one launch over all their output columns; this default loops.
+  virtual void matmul_many(std::span<const kernels::WeightView> w, const float* x, size_t n_rows,
+                           std::span<float* const> y) {
+    for (size_t i = 0; i < w.size(); ++i) matmul(w[i], x, n_rows, y[i]);
+  }
   // Rotates the heads of token row t at position host_pos[t].
   virtual void rope(float* x, size_t n_heads, size_t head_dim, std::span<const int32_t> host_pos,
                     const float* inv_freq) = 0;
@@ -77,10 +84,15 @@ class Backend {
 };
 
 // The CPU backend for one call: ops run on ctx's pool and kernel path.
-// Weights and vectors are used in place; the arena grows as steps need.
+// Weights and vectors are used in place. The activation arena and the
+// attention task lists belong to the calling thread (thread_local), not to
+// the object, so a backend made per forward call still allocates nothing
+// once the thread has seen its largest step; `activations` buffers are
+// valid until the thread's next `activations` call by any CpuBackend (one
+// forward at a time per thread, as for the pool).
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(const kernels::Context& ctx) : ctx_(ctx) {}
+  explicit CpuBackend(const kernels::Context& ctx);
   std::string name() const override { return "cpu"; }
   kernels::WeightView weight(const kernels::WeightView& host) override { return host; }
   const float* vector(const float* host, size_t) override { return host; }
@@ -93,6 +105,8 @@ class CpuBackend final : public Backend {
   void rmsnorm(const float* x, const float* w, size_t n_rows, size_t dim, float eps,
                float* out) override;
   void matmul(const kernels::WeightView& w, const float* x, size_t n_rows, float* y) override;
+  void matmul_many(std::span<const kernels::WeightView> w, const float* x, size_t n_rows,
+                   std::span<float* const> y) override;
   void rope(float* x, size_t n_heads, size_t head_dim, std::span<const int32_t> host_pos,
             const float* inv_freq) override;
   void silu_mul(float* gate, const float* up, size_t n) override;
@@ -106,10 +120,13 @@ class CpuBackend final : public Backend {
   void to_host(const float* x, size_t n, float* host_out) override;
 
  private:
+  struct Scratch {
+    std::vector<float> arena;
+    std::vector<kernels::AttentionTask> tasks;
+    std::vector<kernels::KvSide> sides;
+  };
   kernels::Context ctx_;
-  std::vector<float> arena_;
-  std::vector<kernels::AttentionTask> tasks_;
-  std::vector<kernels::KvSide> sides_;
+  Scratch& scratch_;  // this thread's
 };
 
 }  // namespace ferry::model

@@ -5,6 +5,12 @@
 
 namespace ferry::model {
 
+CpuBackend::CpuBackend(const kernels::Context& ctx)
+    : ctx_(ctx), scratch_([]() -> Scratch& {
+        thread_local Scratch s;
+        return s;
+      }()) {}
+
 void CpuBackend::activations(std::span<const size_t> sizes, std::span<float*> out) {
   FERRY_CHECK(sizes.size() == out.size(), "cpu", "activations: ", sizes.size(), " sizes for ",
               out.size(), " buffers");
@@ -12,8 +18,9 @@ void CpuBackend::activations(std::span<const size_t> sizes, std::span<float*> ou
   auto rounded = [](size_t n) { return (n + 15) / 16 * 16; };
   size_t total = 16;
   for (size_t n : sizes) total += rounded(n);
-  if (arena_.size() < total) arena_.assign(total, 0.0f);
-  float* p = arena_.data();
+  std::vector<float>& arena = scratch_.arena;
+  if (arena.size() < total) arena.assign(total, 0.0f);
+  float* p = arena.data();
   p += (16 - (reinterpret_cast<uintptr_t>(p) / sizeof(float)) % 16) % 16;
   for (size_t i = 0; i < sizes.size(); ++i) {
     out[i] = p;
@@ -33,6 +40,11 @@ void CpuBackend::rmsnorm(const float* x, const float* w, size_t n_rows, size_t d
 
 void CpuBackend::matmul(const kernels::WeightView& w, const float* x, size_t n_rows, float* y) {
   kernels::matmul(ctx_, w, x, n_rows, y);
+}
+
+void CpuBackend::matmul_many(std::span<const kernels::WeightView> w, const float* x, size_t n_rows,
+                             std::span<float* const> y) {
+  kernels::matmul_many(ctx_, w, x, n_rows, y);
 }
 
 void CpuBackend::rope(float* x, size_t n_heads, size_t head_dim, std::span<const int32_t> host_pos,
@@ -66,15 +78,17 @@ void CpuBackend::kv_write(kv::BatchKv& kv, size_t layer, std::span<const TokenPl
 void CpuBackend::attention(const kv::BatchKv& kv, size_t layer, std::span<const TokenPlace> places,
                            const kernels::AttentionShape& shape, const float* q, float* out) {
   const size_t T = places.size(), q_dim = shape.n_heads * shape.head_dim;
-  tasks_.resize(T);
-  sides_.resize(2 * T);
+  std::vector<kernels::AttentionTask>& tasks = scratch_.tasks;
+  std::vector<kernels::KvSide>& sides = scratch_.sides;
+  tasks.resize(T);
+  sides.resize(2 * T);
   for (size_t t = 0; t < T; ++t) {
-    tasks_[t] =
-        kv.attention_task(layer, places[t].row, places[t].i, &sides_[2 * t], &sides_[2 * t + 1]);
-    tasks_[t].q = q + t * q_dim;
-    tasks_[t].out = out + t * q_dim;
+    tasks[t] =
+        kv.attention_task(layer, places[t].row, places[t].i, &sides[2 * t], &sides[2 * t + 1]);
+    tasks[t].q = q + t * q_dim;
+    tasks[t].out = out + t * q_dim;
   }
-  kernels::attention(ctx_, shape, tasks_);
+  kernels::attention(ctx_, shape, tasks);
 }
 
 void CpuBackend::to_host(const float* x, size_t n, float* host_out) {

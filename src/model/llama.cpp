@@ -138,8 +138,10 @@ void LlamaModel::run(Backend& be, const LlamaWeights& w, kv::BatchKv& kv,
     }
   }
   const size_t T = tokens.size();
-  logits.clear();
-  if (T == 0) return;
+  if (T == 0) {
+    logits.clear();
+    return;
+  }
 
   // The token rows that produce logits.
   std::vector<size_t> out_tokens;
@@ -170,9 +172,9 @@ void LlamaModel::run(Backend& be, const LlamaWeights& w, kv::BatchKv& kv,
   for (size_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
     be.rmsnorm(x, lw.attn_norm, T, E, c.rms_eps, xn);
-    be.matmul(lw.wq, xn, T, q);
-    be.matmul(lw.wk, xn, T, k);
-    be.matmul(lw.wv, xn, T, v);
+    const kernels::WeightView qkv_w[] = {lw.wq, lw.wk, lw.wv};
+    float* const qkv_y[] = {q, k, v};
+    be.matmul_many(qkv_w, xn, T, qkv_y);
     be.rope(q, H, D, pos, w.rope_inv_freq);
     be.rope(k, KVH, D, pos, w.rope_inv_freq);
     be.kv_write(kv, l, places, k, v);
@@ -181,8 +183,9 @@ void LlamaModel::run(Backend& be, const LlamaWeights& w, kv::BatchKv& kv,
     be.add_inplace(x, tmp, T * E);
 
     be.rmsnorm(x, lw.ffn_norm, T, E, c.rms_eps, xn);
-    be.matmul(lw.w_gate, xn, T, gate);
-    be.matmul(lw.w_up, xn, T, up);
+    const kernels::WeightView gate_up_w[] = {lw.w_gate, lw.w_up};
+    float* const gate_up_y[] = {gate, up};
+    be.matmul_many(gate_up_w, xn, T, gate_up_y);
     be.silu_mul(gate, up, T * F);
     be.matmul(lw.w_down, gate, T, tmp);
     be.add_inplace(x, tmp, T * E);
@@ -193,6 +196,8 @@ void LlamaModel::run(Backend& be, const LlamaWeights& w, kv::BatchKv& kv,
     be.rmsnorm(sel, w.output_norm, n_out, E, c.rms_eps, sel);
     be.matmul(w.output, sel, n_out, out);
   }
+  // Resized, not cleared: a caller that keeps its vector across steps pays
+  // no allocation or zeroing (256 rows of a 128k vocabulary: 131 MB).
   logits.resize(n_out * V);
   be.to_host(out, n_out * V, logits.data());
   kv.commit(counts);  // last: an exception above leaves the rows' lengths as they were
