@@ -58,7 +58,8 @@ class ThreadPool {
   // Calls fn(begin, end) over disjoint chunks covering [0, n), each chunk a
   // multiple of `grain` (but the last), and returns when all are done. Runs
   // inline when n is small or the pool has one thread. Not reentrant; one
-  // caller at a time.
+  // caller at a time. fn must not throw: a chunk run on a worker has no one
+  // to throw to (ferry's kernels validate before they split work).
   void parallel_for(size_t n, size_t grain, RangeFn fn);
 
   // How long an idle thread spins before it sleeps (see the top of the
