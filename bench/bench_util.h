@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <functional>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -22,6 +24,46 @@
 #include "text/tokenizer.h"
 
 namespace ferry::bench {
+
+// Command-line options of the measurement programs: "--key value" pairs,
+// each bound to a field by flag(); an unknown key or a missing value fails
+// naming the program.
+struct Flag {
+  const char* key;
+  std::function<void(const std::string&)> set;
+};
+inline void assign(std::string& f, const std::string& v) {
+  f = v;
+}
+inline void assign(size_t& f, const std::string& v) {
+  f = std::stoul(v);
+}
+inline void assign(bool& f, const std::string& v) {
+  f = v != "0";
+}
+// "1,2,3" into {1, 2, 3}.
+inline void assign(std::vector<size_t>& f, const std::string& v) {
+  f.clear();
+  std::stringstream ss(v);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) f.push_back(std::stoul(item));
+}
+template <class T>
+Flag flag(const char* key, T& field) {
+  return {key, [&field](const std::string& v) { assign(field, v); }};
+}
+inline void parse_flags(const char* program, int argc, char** argv,
+                        std::initializer_list<Flag> flags) {
+  for (int i = 1; i < argc; i += 2) {
+    const std::string k = argv[i];
+    const Flag* f = nullptr;
+    for (const Flag& c : flags)
+      if (k == c.key) f = &c;
+    if (!f) fail(program, "unknown option ", k);
+    if (i + 1 >= argc) fail(program, "option ", k, " needs a value");
+    f->set(argv[i + 1]);
+  }
+}
 
 inline std::string read_text_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -49,27 +49,12 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--model")
-      o.model = v;
-    else if (k == "--threads")
-      o.threads = std::stoul(v);
-    else if (k == "--matmul")
-      o.matmul = v;
-    else if (k == "--kv")
-      o.kv = v;
-    else if (k == "--prompt-tokens")
-      o.prompt_tokens = std::stoul(v);
-    else if (k == "--steps")
-      o.steps = std::stoul(v);
-    else if (k == "--repeats")
-      o.repeats = std::stoul(v);
-    else if (k == "--ops")
-      o.ops = v != "0";
-    else
-      fail("decode_step", "unknown option ", k);
-  }
+  bench::parse_flags(
+      "decode_step", argc, argv,
+      {bench::flag("--model", o.model), bench::flag("--threads", o.threads),
+       bench::flag("--matmul", o.matmul), bench::flag("--kv", o.kv),
+       bench::flag("--prompt-tokens", o.prompt_tokens), bench::flag("--steps", o.steps),
+       bench::flag("--repeats", o.repeats), bench::flag("--ops", o.ops)});
   return o;
 }
 

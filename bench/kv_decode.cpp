@@ -46,37 +46,13 @@ struct Options {
   size_t steps = 8, repeats = 3;
 };
 
-std::vector<size_t> parse_list(const std::string& s) {
-  std::vector<size_t> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) out.push_back(std::stoul(item));
-  return out;
-}
-
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--model")
-      o.model = v;
-    else if (k == "--text")
-      o.text = v;
-    else if (k == "--threads")
-      o.threads = std::stoul(v);
-    else if (k == "--formats")
-      o.formats = v;
-    else if (k == "--contexts")
-      o.contexts = parse_list(v);
-    else if (k == "--batches")
-      o.batches = parse_list(v);
-    else if (k == "--steps")
-      o.steps = std::stoul(v);
-    else if (k == "--repeats")
-      o.repeats = std::stoul(v);
-    else
-      fail("kv_decode", "unknown option ", k);
-  }
+  bench::parse_flags("kv_decode", argc, argv,
+                     {bench::flag("--model", o.model), bench::flag("--text", o.text),
+                      bench::flag("--threads", o.threads), bench::flag("--formats", o.formats),
+                      bench::flag("--contexts", o.contexts), bench::flag("--batches", o.batches),
+                      bench::flag("--steps", o.steps), bench::flag("--repeats", o.repeats)});
   return o;
 }
 

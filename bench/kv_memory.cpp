@@ -45,23 +45,11 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--model")
-      o.model = v;
-    else if (k == "--text")
-      o.text = v;
-    else if (k == "--threads")
-      o.threads = std::stoul(v);
-    else if (k == "--formats")
-      o.formats = v;
-    else if (k == "--rss-rows")
-      o.rss_rows = std::stoul(v);
-    else if (k == "--rss-tokens")
-      o.rss_tokens = std::stoul(v);
-    else
-      fail("kv_memory", "unknown option ", k);
-  }
+  bench::parse_flags(
+      "kv_memory", argc, argv,
+      {bench::flag("--model", o.model), bench::flag("--text", o.text),
+       bench::flag("--threads", o.threads), bench::flag("--formats", o.formats),
+       bench::flag("--rss-rows", o.rss_rows), bench::flag("--rss-tokens", o.rss_tokens)});
   return o;
 }
 

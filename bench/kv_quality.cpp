@@ -41,21 +41,10 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--model")
-      o.model = v;
-    else if (k == "--text")
-      o.text = v;
-    else if (k == "--chunk")
-      o.chunk = std::stoul(v);
-    else if (k == "--threads")
-      o.threads = std::stoul(v);
-    else if (k == "--formats")
-      o.formats = v;
-    else
-      fail("kv_quality", "unknown option ", k);
-  }
+  bench::parse_flags("kv_quality", argc, argv,
+                     {bench::flag("--model", o.model), bench::flag("--text", o.text),
+                      bench::flag("--chunk", o.chunk), bench::flag("--threads", o.threads),
+                      bench::flag("--formats", o.formats)});
   return o;
 }
 
