@@ -11,8 +11,16 @@
 // is batch-invariant (docs/KERNELS.md), so these numbers are exact and do
 // not depend on threads or load; only the seconds column does.
 //
+// --matmul picks the matmul mode (kernels::MatmulMode, docs/KERNELS.md
+// "Int8 mode") of every format's forward; --reference-matmul that of the
+// f16 baseline (default: the same). When the two differ the baseline is a
+// run of its own, named "f16@<mode>", every other run is named
+// "<format>@<mode>", and "f16@int8" against "f16@exact" is what int8 mode
+// costs with the KV unchanged.
+//
 // Usage: kv_quality [--model PATH] [--text PATH] [--chunk N] [--threads N]
 //                   [--formats f16,q8g64,q8g64:q4g64,...]   (K:V when they differ)
+//                   [--matmul exact|int8] [--reference-matmul exact|int8]
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +31,7 @@
 #include "bench_util.h"
 #include "core/cpu.h"
 #include "core/thread_pool.h"
+#include "kernels/ops.h"
 #include "kv/batch_kv.h"
 #include "model/model.h"
 
@@ -37,14 +46,27 @@ struct Options {
   size_t chunk = 128;
   size_t threads = 0;
   std::string formats = "f16,f32,bf16,q8g32,q8g64,q8g128,q4g32,q4g64,q4g128";
+  kernels::MatmulMode matmul = kernels::MatmulMode::Exact;
+  kernels::MatmulMode reference_matmul = kernels::MatmulMode::Exact;
 };
+
+kernels::MatmulMode matmul_mode(const std::string& flag, const std::string& name) {
+  const auto m = kernels::parse_matmul_mode(name);
+  if (!m) fail("kv_quality", flag, " must be exact or int8, not '", name, "'");
+  return *m;
+}
 
 Options parse(int argc, char** argv) {
   Options o;
+  std::string matmul = "exact", reference_matmul;
   bench::parse_flags("kv_quality", argc, argv,
                      {bench::flag("--model", o.model), bench::flag("--text", o.text),
                       bench::flag("--chunk", o.chunk), bench::flag("--threads", o.threads),
-                      bench::flag("--formats", o.formats)});
+                      bench::flag("--formats", o.formats), bench::flag("--matmul", matmul),
+                      bench::flag("--reference-matmul", reference_matmul)});
+  o.matmul = matmul_mode("--matmul", matmul);
+  o.reference_matmul =
+      reference_matmul.empty() ? o.matmul : matmul_mode("--reference-matmul", reference_matmul);
   return o;
 }
 
@@ -88,6 +110,8 @@ std::vector<KvPair> parse_pairs(const std::string& list, size_t head_dim) {
 
 struct Run {
   KvPair fmt;
+  kernels::MatmulMode matmul;
+  std::string name;
   kv::BatchKv kv;
   std::vector<float> logits;
   double nll = 0.0, seconds = 0.0;
@@ -128,33 +152,45 @@ int main(int argc, char** argv) {
   try {
     const Options o = parse(argc, argv);
     ThreadPool pool(o.threads);
-    const kernels::Context ctx{&pool, best_cpu_path()};
+    const kernels::Context ctx{&pool, best_cpu_path(), o.matmul};
     bench::print_machine("kv_quality", pool.size());
     auto model = model::load_model(o.model);
     const std::vector<int32_t> ids = bench::eval_tokens(model->file(), o.text);
     const size_t N = ids.size(), V = model->config().vocab_size;
-    std::printf("# model %s, text %s: %zu tokens, chunk %zu, path %s\n", o.model.c_str(),
-                o.text.c_str(), N, o.chunk, std::string(cpu_path_name(ctx.path)).c_str());
+    const std::string mode = std::string(kernels::matmul_mode_name(o.matmul));
+    const std::string ref_mode = std::string(kernels::matmul_mode_name(o.reference_matmul));
+    std::printf(
+        "# model %s, text %s: %zu tokens, chunk %zu, path %s, matmul %s, reference matmul %s\n",
+        o.model.c_str(), o.text.c_str(), N, o.chunk, std::string(cpu_path_name(ctx.path)).c_str(),
+        mode.c_str(), ref_mode.c_str());
 
     std::vector<KvPair> fmts = parse_pairs(o.formats, model->config().head_dim);
-    // f16 first: it is the baseline every other format is compared with.
     const KvPair f16{kernels::KvFormat::f16(), kernels::KvFormat::f16()};
-    std::erase(fmts, f16);
-    fmts.insert(fmts.begin(), f16);
+    // Run names carry the matmul mode only when there are two of them.
+    const bool two_modes = o.matmul != o.reference_matmul;
     std::vector<Run> runs;
-    for (const auto& f : fmts) {
+    auto add_run = [&](const KvPair& f, kernels::MatmulMode m) {
+      const std::string name =
+          two_modes ? f.name() + "@" + std::string(kernels::matmul_mode_name(m)) : f.name();
       runs.push_back(
-          Run{f, kv::BatchKv(model->config().kv_spec(f.k, f.v)), {}, 0.0, 0.0, {}, {}, 0});
+          Run{f, m, name, kv::BatchKv(model->config().kv_spec(f.k, f.v)), {}, 0.0, 0.0, {}, {}, 0});
       runs.back().kv.prepare_prefill(std::span<const size_t>(&N, 1));
-    }
+    };
+    // f16 with the reference mode first: it is the baseline every other run
+    // is compared with.
+    add_run(f16, o.reference_matmul);
+    if (!two_modes) std::erase(fmts, f16);
+    for (const auto& f : fmts) add_run(f, o.matmul);
 
     std::vector<double> ref, lp;
     for (size_t s = 0; s < N; s += o.chunk) {
       const size_t n = std::min(o.chunk, N - s);
       const model::RowInput in{std::span<const int32_t>(ids).subspan(s, n), true};
       for (Run& r : runs) {
+        kernels::Context run_ctx = ctx;
+        run_ctx.matmul = r.matmul;
         const double t0 = bench::wall_seconds();
-        model->forward(ctx, r.kv, std::span<const model::RowInput>(&in, 1), r.logits);
+        model->forward(run_ctx, r.kv, std::span<const model::RowInput>(&in, 1), r.logits);
         r.seconds += bench::wall_seconds() - t0;
       }
       for (size_t i = 0; i < n && s + i + 1 < N; ++i) {
@@ -165,7 +201,7 @@ int main(int argc, char** argv) {
           log_softmax(&r.logits[i * V], V, lp);
           double kl = 0.0;
           for (size_t v = 0; v < V; ++v) kl += std::exp(ref[v]) * (ref[v] - lp[v]);
-          r.kl.push_back(std::max(kl, 0.0));  // exact zero for f16 itself; rounding below 0
+          r.kl.push_back(std::max(kl, 0.0));  // exact zero for the baseline; rounding below 0
           r.nll -= lp[static_cast<size_t>(target)];
           r.nlls.push_back(-lp[static_cast<size_t>(target)]);
           r.top1_same += argmax(lp) == ref_top;
@@ -176,8 +212,8 @@ int main(int argc, char** argv) {
 
     const double P = static_cast<double>(N - 1);
     const double ppl_ref = std::exp(runs[0].nll / P);
-    std::printf("# positions scored: %zu; KL in nats; dPPL relative to f16; load %s\n", N - 1,
-                bench::load_average().c_str());
+    std::printf("# positions scored: %zu; KL in nats; dPPL, KL and top1 relative to %s; load %s\n",
+                N - 1, runs[0].name.c_str(), bench::load_average().c_str());
     std::printf("%-11s %10s %9s %8s %11s %11s %11s %8s %31s %8s\n", "format", "ppl", "dppl%",
                 "2se%", "mean_kl", "p99_kl", "max_kl", "top1%", "mean_kl[<128|<512|<1k|1k+]",
                 "sec");
@@ -188,7 +224,7 @@ int main(int argc, char** argv) {
       const double se2 = 200.0 * paired_se(r.nlls, runs[0].nlls);
       std::printf(
           "%-11s %10.4f %+9.3f %8.3f %11.3e %11.3e %11.3e %8.2f %.1e|%.1e|%.1e|%.1e %8.1f\n",
-          r.fmt.name().c_str(), ppl, 100.0 * (ppl / ppl_ref - 1.0), se2, mean(r.kl, 0, r.kl.size()),
+          r.name.c_str(), ppl, 100.0 * (ppl / ppl_ref - 1.0), se2, mean(r.kl, 0, r.kl.size()),
           percentile(r.kl, 0.99), percentile(r.kl, 1.0),
           100.0 * static_cast<double>(r.top1_same) / P, mean(r.kl, 0, 128), mean(r.kl, 128, 512),
           mean(r.kl, 512, 1024), mean(r.kl, 1024, r.kl.size()), r.seconds);
