@@ -165,11 +165,182 @@ void one_row(const WeightView& w, const QuantRows& x, float* y, size_t j0, size_
   }
 }
 
+#if defined(FERRY_VEC_AVX512)
+// The chunk layout (more than 3 rows) on AVX-512: a register-blocked tile
+// of MC weight rows x NR activation rows. Each 64-byte step of a chunk loads
+// MC weight registers and NR activation registers and accumulates MC * NR
+// block-sum registers (vpdpbusd with VNNI), so a load feeds several dot
+// steps instead of one. The integer sums are those of block_dots<W> (exact,
+// whatever the order), and each output element then sees the same float
+// operations in the same order as the generic loop below: per chunk,
+// fma(dw * dx, float(isum), lane) (and fma(m, dsum, lane)), lanes starting
+// at +0, then reduce().
+template <bool Signed>
+inline __m512i dot4_acc(__m512i acc, __m512i w, __m512i x) {
+#if defined(FERRY_INT8_VNNI)
+  static_assert(!Signed, "the VNNI path takes Q8_0 codes unsigned");
+  return _mm512_dpbusd_epi32(acc, w, x);
+#else
+  return _mm512_add_epi32(acc, dot4<Signed>(w, x));
+#endif
+}
+
+// Lanes l, l + W, ... of a W-wide chunk's partial sums into lane l (as
+// block_dots<Signed, W> folds them); lanes >= W zero.
+template <int W>
+inline __m512i fold_rows(__m512i a) {
+  if constexpr (W == 16) {
+    return a;
+  } else {
+    const __m256i h =
+        _mm256_add_epi32(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
+    if constexpr (W == 4) {
+      const __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+      return _mm512_zextsi128_si512(q);
+    } else {
+      return _mm512_zextsi256_si512(h);
+    }
+  }
+}
+
+// One chunk (width W) of MC weight rows against NR activation rows; o is
+// the chunk's offset (in blocks) in activation row 0 of the tile.
+template <class U, int MC, int NR, int W>
+inline void tile_chunk(const Chunk* const (&c)[MC], const QuantRows& x, size_t o,
+                       Vec16 (&a)[MC][NR]) {
+  const size_t nb16 = x.nb16;
+  __m512i acc[MC][NR];
+#pragma GCC unroll 4
+  for (int m = 0; m < MC; ++m)
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+  for (int k = 0; k < W / 2; ++k) {
+    __m512i wv[MC];
+#pragma GCC unroll 4
+    for (int m = 0; m < MC; ++m) wv[m] = _mm512_load_si512(c[m]->codes + 64 * k);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const __m512i xv = _mm512_loadu_si512(x.codes + 32 * (o + r * nb16) + 64 * k);
+#pragma GCC unroll 4
+      for (int m = 0; m < MC; ++m) acc[m][r] = dot4_acc<U::kSigned>(acc[m][r], wv[m], xv);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) {
+    const size_t orow = o + r * nb16;
+    const Vec16 dx = Vec16::load(x.d + orow);
+#pragma GCC unroll 4
+    for (int m = 0; m < MC; ++m) {
+      I32x16 is{fold_rows<W>(acc[m][r])};
+      if constexpr (U::kBiasShift >= 0)
+        is = is.template minus_shifted<(U::kBiasShift >= 0 ? U::kBiasShift : 0)>(
+            I32x16::load(x.sum + orow));
+      a[m][r].fma(Vec16::load(c[m]->dw) * dx, is.to_float());
+      if constexpr (U::kMin) a[m][r].fma(Vec16::load(c[m]->m), Vec16::load(x.dsum + orow));
+    }
+  }
+}
+
+// Rows [r0, r0 + NR) x columns [j, j + MC); cw[m]: column j + m's chunks.
+template <class U, int MC, int NR>
+inline void tile(const Chunk* const (&cw)[MC], size_t n_chunks, const QuantRows& x, size_t r0,
+                 float* y, size_t N, size_t j) {
+  Vec16 a[MC][NR];
+#pragma GCC unroll 4
+  for (int m = 0; m < MC; ++m)
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) a[m][r] = Vec16::zero();
+  const size_t nb = x.nb;
+  for (size_t t = 0; t < n_chunks; ++t) {
+    const Chunk* c[MC];
+#pragma GCC unroll 4
+    for (int m = 0; m < MC; ++m) c[m] = cw[m] + t;
+    const size_t b = 16 * t, o = r0 * x.nb16 + b;
+    switch (chunk_width(nb - b)) {
+      case 4:
+        tile_chunk<U, MC, NR, 4>(c, x, o, a);
+        break;
+      case 8:
+        tile_chunk<U, MC, NR, 8>(c, x, o, a);
+        break;
+      default:
+        tile_chunk<U, MC, NR, 16>(c, x, o, a);
+        break;
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+    for (int m = 0; m < MC; ++m) y[(r0 + r) * N + j + m] = a[m][r].reduce();
+}
+
+constexpr int kTileRows = 4, kTileCols = 4;
+// Activation code bytes per pass: they stay in L2 while each group of
+// kTileCols weight rows is unpacked once and used by every row of the pass.
+constexpr size_t kPassBytes = 256 << 10;
+
+template <class U, int MC>
+inline void tile_rows(const Chunk* const (&cw)[MC], size_t n_chunks, const QuantRows& x, size_t r0,
+                      size_t r1, float* y, size_t N, size_t j) {
+  size_t r = r0;
+  for (; r + kTileRows <= r1; r += kTileRows) tile<U, MC, kTileRows>(cw, n_chunks, x, r, y, N, j);
+  switch (r1 - r) {
+    case 3:
+      return tile<U, MC, 3>(cw, n_chunks, x, r, y, N, j);
+    case 2:
+      return tile<U, MC, 2>(cw, n_chunks, x, r, y, N, j);
+    case 1:
+      return tile<U, MC, 1>(cw, n_chunks, x, r, y, N, j);
+    default:
+      return;
+  }
+}
+
+template <class U>
+void cols_tiled(const WeightView& w, const QuantRows& x, size_t n_rows, float* y, size_t j0,
+                size_t j1) {
+  const size_t nb = x.nb, nb16 = x.nb16, N = w.n_out, rb = w.row_bytes();
+  const size_t n_chunks = nb16 / 16;
+  if (n_chunks == 0) return;
+  thread_local std::vector<Chunk> buf;
+  if (buf.size() < kTileCols * n_chunks) buf.resize(kTileCols * n_chunks);
+  const size_t pass =
+      std::max<size_t>(kTileRows, kPassBytes / (32 * nb16) / kTileRows * kTileRows);
+  for (size_t r0 = 0; r0 < n_rows; r0 += pass) {
+    const size_t r1 = std::min(n_rows, r0 + pass);
+    for (size_t j = j0; j < j1; j += kTileCols) {
+      const size_t mc = std::min<size_t>(kTileCols, j1 - j);
+      for (size_t m = 0; m < mc; ++m)
+        for (size_t t = 0; t < n_chunks; ++t) {
+          const size_t b = 16 * t;
+          U::unpack(w.data + (j + m) * rb, b, std::min<size_t>(16, nb - b), true,
+                    buf[m * n_chunks + t]);
+        }
+      if (mc == kTileCols) {
+        const Chunk* const cw[kTileCols] = {&buf[0], &buf[n_chunks], &buf[2 * n_chunks],
+                                            &buf[3 * n_chunks]};
+        tile_rows<U, kTileCols>(cw, n_chunks, x, r0, r1, y, N, j);
+      } else {
+        for (size_t m = 0; m < mc; ++m) {
+          const Chunk* const cw[1] = {&buf[m * n_chunks]};
+          tile_rows<U, 1>(cw, n_chunks, x, r0, r1, y, N, j + m);
+        }
+      }
+    }
+  }
+}
+#endif
+
 template <class U>
 void cols(const WeightView& w, const QuantRows& x, size_t n_rows, float* y, size_t j0, size_t j1) {
   if constexpr (requires { &U::template dots<U::kSigned>; }) {
     if (n_rows == 1 && !x.chunked) return one_row<U>(w, x, y, j0, j1);
   }
+#if defined(FERRY_VEC_AVX512)
+  static_assert(kTileCols == 4);
+  if (x.chunked) return cols_tiled<U>(w, x, n_rows, y, j0, j1);
+#endif
   const size_t nb = x.nb, nb16 = x.nb16, N = w.n_out, rb = w.row_bytes();
   const size_t n_chunks = nb16 / 16, n_items = (j1 - j0) * n_chunks;
   Chunk buf[2];
