@@ -350,11 +350,21 @@ int HttpServer::Impl::bind() {
 void HttpServer::Impl::serve() {
   // stop() only works once the accept loop runs, and shutdown() may come
   // before it does: a helper thread waits for both.
+  //
+  // While draining, the listener stays open (new requests get 503) until no
+  // request is in flight, or 2 s past the grace period at the latest:
+  // cpp-httplib never calls the content provider of a response whose
+  // headers go out after stop(), so stopping at once could end a stream
+  // that had not written its first byte without its error event or [DONE].
   std::thread stopper([this] {
+    const Clock::rep slack =
+        std::chrono::duration_cast<Clock::duration>(std::chrono::seconds(2)).count();
     std::unique_lock<std::mutex> lock(mu_);
     stop_cv_.wait(lock, [&] { return draining_ || serve_done_; });
     while (!serve_done_) {
-      if (svr_.is_running()) {
+      const Clock::rep now = Clock::now().time_since_epoch().count();
+      const bool late = now >= abort_at_.load() && now - abort_at_.load() >= slack;
+      if (svr_.is_running() && (active_.load() == 0 || late)) {
         lock.unlock();
         svr_.stop();
         return;
