@@ -20,24 +20,9 @@ namespace {
 
 using test::random_floats;
 using test::random_weights;
+using Kernel = test::Int8Kernel;
 
 const DType kInt8Types[] = {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4_K, DType::Q5_K};
-
-struct Kernel {
-  const char* name;
-  MatmulInt8Cols cols;
-};
-
-// Every int8 kernel this CPU can run.
-std::vector<Kernel> kernels() {
-  std::vector<Kernel> k{{"reference", reference_kernels().matmul_int8_cols}};
-  const CpuPath best = best_cpu_path();
-  if (best >= CpuPath::Avx2) k.push_back({"avx2", avx2_kernels().matmul_int8_cols});
-  if (best >= CpuPath::Avx512) k.push_back({"avx512", avx512_kernels().matmul_int8_cols});
-  if (best >= CpuPath::Avx512 && cpu_features().avx512vnni)
-    k.push_back({"avx512vnni", avx512vnni_matmul_int8_cols()});
-  return k;
-}
 
 std::vector<float> run(MatmulInt8Cols cols, ThreadPool* pool, const WeightView& w, const float* x,
                        size_t n_rows) {
@@ -85,7 +70,7 @@ TEST_P(Int8MatmulTest, KernelsRowsOffsetsAndThreadsGiveIdenticalBits) {
       matmul(Context{nullptr, p, MatmulMode::Int8}, w, x.data(), R, y.data());
       EXPECT_TRUE(same_bits(y.data(), ref.data(), R * N)) << cpu_path_name(p) << " K=" << K;
     }
-    for (const Kernel& k : kernels())
+    for (const Kernel& k : test::int8_kernels())
       for (size_t threads : {1u, 2u, 3u}) {
         ThreadPool pool(threads);
         for (size_t n : {1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 9u, 16u, 33u})

@@ -7,9 +7,11 @@
 #include <random>
 #include <vector>
 
+#include "core/cpu.h"
 #include "core/dtype.h"
 #include "core/half.h"
 #include "kernels/ops.h"
+#include "kernels/path_kernels.h"
 
 namespace ferry::test {
 
@@ -68,5 +70,30 @@ inline std::vector<uint8_t> random_weights(DType t, size_t n_in, size_t n_out, u
 
 inline const DType kAllTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
                                   DType::Q4_1, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+
+// Every CPU path this machine can run.
+inline std::vector<CpuPath> available_paths() {
+  std::vector<CpuPath> p{CpuPath::Reference};
+  const CpuPath best = best_cpu_path();
+  if (best >= CpuPath::Avx2) p.push_back(CpuPath::Avx2);
+  if (best >= CpuPath::Avx512) p.push_back(CpuPath::Avx512);
+  return p;
+}
+
+// Every int8 kernel this machine can run (VNNI is a variant of the AVX-512
+// path that kernels::matmul picks itself, so it is listed on its own).
+struct Int8Kernel {
+  const char* name;
+  kernels::MatmulInt8Cols cols;
+};
+inline std::vector<Int8Kernel> int8_kernels() {
+  std::vector<Int8Kernel> k{{"reference", kernels::reference_kernels().matmul_int8_cols}};
+  const CpuPath best = best_cpu_path();
+  if (best >= CpuPath::Avx2) k.push_back({"avx2", kernels::avx2_kernels().matmul_int8_cols});
+  if (best >= CpuPath::Avx512) k.push_back({"avx512", kernels::avx512_kernels().matmul_int8_cols});
+  if (best >= CpuPath::Avx512 && cpu_features().avx512vnni)
+    k.push_back({"avx512vnni", kernels::avx512vnni_matmul_int8_cols()});
+  return k;
+}
 
 }  // namespace ferry::test

@@ -30,36 +30,15 @@
 namespace ferry::kernels {
 namespace {
 
+using test::available_paths;
+using test::int8_kernels;
+using test::Int8Kernel;
 using test::kAllTypes;
 using test::random_floats;
 using test::random_weights;
 
 bool sanitized() {
   return std::getenv("FERRY_SANITIZED") != nullptr;
-}
-
-std::vector<CpuPath> available_paths() {
-  std::vector<CpuPath> p{CpuPath::Reference};
-  const CpuPath best = best_cpu_path();
-  if (best >= CpuPath::Avx2) p.push_back(CpuPath::Avx2);
-  if (best >= CpuPath::Avx512) p.push_back(CpuPath::Avx512);
-  return p;
-}
-
-struct Int8Kernel {
-  const char* name;
-  MatmulInt8Cols cols;
-};
-
-// Every int8 kernel this CPU can run (as int8_matmul_test.cpp enumerates).
-std::vector<Int8Kernel> int8_kernels() {
-  std::vector<Int8Kernel> k{{"reference", reference_kernels().matmul_int8_cols}};
-  const CpuPath best = best_cpu_path();
-  if (best >= CpuPath::Avx2) k.push_back({"avx2", avx2_kernels().matmul_int8_cols});
-  if (best >= CpuPath::Avx512) k.push_back({"avx512", avx512_kernels().matmul_int8_cols});
-  if (best >= CpuPath::Avx512 && cpu_features().avx512vnni)
-    k.push_back({"avx512vnni", avx512vnni_matmul_int8_cols()});
-  return k;
 }
 
 // An output buffer with a guard tail of NaN sentinels; the body starts as

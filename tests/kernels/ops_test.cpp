@@ -18,17 +18,10 @@
 namespace ferry::kernels {
 namespace {
 
+using test::available_paths;
 using test::kAllTypes;
 using test::random_floats;
 using test::random_weights;
-
-std::vector<CpuPath> available_paths() {
-  std::vector<CpuPath> p{CpuPath::Reference};
-  CpuPath best = best_cpu_path();
-  if (best >= CpuPath::Avx2) p.push_back(CpuPath::Avx2);
-  if (best >= CpuPath::Avx512) p.push_back(CpuPath::Avx512);
-  return p;
-}
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
