@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <functional>
@@ -24,6 +25,12 @@
 #include "text/tokenizer.h"
 
 namespace ferry::bench {
+
+// The model the README's set-up fetches (what `ferry` uses without -m).
+inline std::string default_model() {
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : ".") + "/.cache/ferry/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
 
 // Command-line options of the measurement programs: "--key value" pairs,
 // each bound to a field by flag(); an unknown key or a missing value fails

@@ -39,8 +39,7 @@ using namespace ferry;
 using kernels::KvFormat;
 
 struct Options {
-  std::string model = std::string(std::getenv("HOME") ? std::getenv("HOME") : ".") +
-                      "/.cache/ferry/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  std::string model = bench::default_model();
   size_t threads = 0;
   std::string matmul = "int8", kv = "f32";
   size_t prompt_tokens = 4, steps = 64, repeats = 5;

@@ -35,8 +35,7 @@ using namespace ferry;
 using kernels::KvFormat;
 
 struct Options {
-  std::string model = std::string(std::getenv("HOME") ? std::getenv("HOME") : ".") +
-                      "/.cache/ferry/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  std::string model = bench::default_model();
   std::string text = FERRY_BENCH_TEXT;
   size_t threads = 0;
   std::string formats = "f32,f16,bf16,q8g32,q8g64,q8g128,q4g32,q4g64,q4g128";

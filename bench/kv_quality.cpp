@@ -40,8 +40,7 @@ namespace {
 using namespace ferry;
 
 struct Options {
-  std::string model = std::string(std::getenv("HOME") ? std::getenv("HOME") : ".") +
-                      "/.cache/ferry/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  std::string model = bench::default_model();
   std::string text = FERRY_BENCH_TEXT;
   size_t chunk = 128;
   size_t threads = 0;
