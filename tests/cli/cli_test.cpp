@@ -50,6 +50,7 @@ TEST(Cli, HelpOnEverySubcommand) {
 
 TEST(Cli, BadArgumentsGiveUsageErrorsNotCrashes) {
   for (const char* args : {"run --max-tokens notanumber hi", "run --kv-bits 3 hi",
+                           "run --matmul fast hi", "bench --matmul fast", "bench --prompt-tokens 0",
                            "run --no-such-flag hi", "nosuchcommand", ""}) {
     Result r = ferry(args, true);
     EXPECT_NE(r.code, 0) << args;
