@@ -396,21 +396,7 @@ Action add_bench_command(CLI::App& app) {
   cmd->add_option("--kv-budget-mb", o->kv_budget_mb,
                   "KV cache budget for admission (0: a third of RAM)")
       ->capture_default_str();
-  cmd->add_option("--max-batch", o->sched.max_batch, "Requests decoded together")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--prefill-chunk", o->sched.prefill_chunk, "Prompt tokens per request per step")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--step-tokens,--step-token-budget", o->sched.step_token_budget,
-                  "Tokens forwarded per step (decode rows count 1)")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--step-target-ms", o->sched.step_target_ms,
-                  "While rows decode, cap a step's prompt tokens to keep it near this time "
-                  "(0: off)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+  add_scheduler_options(cmd, o->sched);
   cmd->add_option("-t,--threads", o->threads, "Kernel threads (default: all cores)");
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
   cmd->add_flag("-q,--quiet", o->quiet, "No progress on stderr");

@@ -25,6 +25,24 @@ void DeviceOptions::add_to(CLI::App* cmd) {
       ->check(CLI::IsMember({"int8", "exact"}));
 }
 
+void add_scheduler_options(CLI::App* cmd, engine::SchedulerOptions& so) {
+  cmd->add_option("--max-batch", so.max_batch, "Requests decoded together")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--prefill-chunk", so.prefill_chunk, "Prompt tokens per request per step")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--step-tokens,--step-token-budget", so.step_token_budget,
+                  "Tokens forwarded per step (decode rows count 1)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--step-target-ms", so.step_target_ms,
+                  "While rows decode, cap a step's prompt tokens to keep it near this time "
+                  "(0: off)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+}
+
 kernels::MatmulMode DeviceOptions::matmul_mode() const {
   return *kernels::parse_matmul_mode(matmul);
 }

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "engine/scheduler.h"
 #include "model/model.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -51,5 +52,9 @@ struct KvOptions {
   void add_to(CLI::App* cmd);
   kernels::KvFormat format() const;
 };
+
+// The scheduler's flags shared by `serve` and `bench`: --max-batch,
+// --prefill-chunk, --step-tokens, --step-target-ms, written into `so`.
+void add_scheduler_options(CLI::App* cmd, engine::SchedulerOptions& so);
 
 }  // namespace ferry::cli

@@ -28,13 +28,10 @@ struct ServeOptions {
   std::string chat_template;  // file overriding the model's template
   server::ServerOptions http;
   size_t max_body_kb = 1024;
-  size_t max_batch = 256;
-  size_t kv_budget_mb = 0;  // 0: a third of physical memory
+  engine::SchedulerOptions sched;  // --max-batch, --prefill-chunk, --step-tokens, --step-target-ms
+  size_t kv_budget_mb = 0;         // 0: a third of physical memory
   DeviceOptions device;
   KvOptions kv{"f16"};
-  size_t prefill_chunk = 256;
-  size_t step_tokens = 512;
-  double step_target_ms = engine::SchedulerOptions{}.step_target_ms;
   size_t default_max_tokens = 0;  // 0: the rest of the context
   size_t threads = 0;
   double shutdown_grace = 30;
@@ -75,11 +72,7 @@ int serve(ServeOptions& o) {
   LoadedModel l = load_model_files(o.model, o.quiet, o.device);
   if (!o.chat_template.empty()) l.chat.emplace(read_file(o.chat_template));
 
-  engine::SchedulerOptions so;
-  so.max_batch = o.max_batch;
-  so.prefill_chunk = o.prefill_chunk;
-  so.step_token_budget = o.step_tokens;
-  so.step_target_ms = o.step_target_ms;
+  engine::SchedulerOptions so = o.sched;
   so.kv_budget_bytes = o.kv_budget_mb << 20;
   so.kv_k = so.kv_v = o.kv.format();
   so.kv_k.validate(l.model->config().head_dim);
@@ -93,7 +86,7 @@ int serve(ServeOptions& o) {
   served.chat = l.chat ? &*l.chat : nullptr;
   served.context_length = l.model->config().context_length;
   served.default_max_tokens = o.default_max_tokens;
-  served.defaults.prefill_chunk = o.prefill_chunk;
+  served.defaults.prefill_chunk = so.prefill_chunk;
   served.defaults.kv_k = served.defaults.kv_v = so.kv_k;
   o.http.max_body_bytes = o.max_body_kb << 10;
 
@@ -147,26 +140,12 @@ Action add_serve_command(CLI::App& app) {
   cmd->add_option("--model-name", o->model_name, "Model id in the API (default: the file name)");
   cmd->add_option("--chat-template", o->chat_template,
                   "Jinja chat template file (overrides the model's)");
-  cmd->add_option("--max-batch", o->max_batch, "Requests decoded together")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  add_scheduler_options(cmd, o->sched);
   cmd->add_option("--kv-budget-mb", o->kv_budget_mb,
                   "KV cache budget for admission (0: a third of RAM)")
       ->capture_default_str();
   o->kv.add_to(cmd);
   o->device.add_to(cmd);
-  cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt tokens per request per step")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--step-tokens", o->step_tokens,
-                  "Tokens forwarded per step (decode rows count 1)")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--step-target-ms", o->step_target_ms,
-                  "While rows decode, cap a step's prompt tokens to keep it near this time "
-                  "(0: off)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--default-max-tokens", o->default_max_tokens,
                   "max_tokens of requests that set none (0: the rest of the context); admission "
                   "reserves KV for prompt + max_tokens")
