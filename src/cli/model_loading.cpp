@@ -18,6 +18,9 @@ void DeviceOptions::add_to(CLI::App* cmd) {
                 "GPU: batch-invariant kernels (a row's logits never depend on the batch); "
                 "--no-deterministic lets cuBLAS run batched products")
       ->capture_default_str();
+  cmd->add_flag("--cuda-graphs,!--no-cuda-graphs", cuda_graphs,
+                "GPU: replay repeated step shapes (decode steps) as CUDA graphs")
+      ->capture_default_str();
   cmd->add_option("--matmul", matmul,
                   "CPU products of quantized weights: int8 (fast; activations quantized to 8 "
                   "bits per block of 32) or exact (float32)")
@@ -61,6 +64,7 @@ void DeviceOptions::apply(model::Model& m, bool quiet) const {
 #ifdef FERRY_HAVE_CUDA
   cuda::CudaOptions o;
   o.deterministic = deterministic;
+  o.graphs = cuda_graphs;
   o.device = index;
   m.set_backend(cuda::make_backend(o));
   if (!quiet)

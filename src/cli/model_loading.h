@@ -28,6 +28,7 @@ struct LoadedModel {
 struct DeviceOptions {
   std::string device = "cpu";
   bool deterministic = true;
+  bool cuda_graphs = true;  // GPU: replay repeated step shapes as CUDA graphs
   // CPU products of quantized weights: int8 (activations quantized per
   // 32-block, integer dot products) or exact (f32); docs/KERNELS.md.
   std::string matmul = "int8";

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <new>
 #include <vector>
 
@@ -148,6 +149,8 @@ class CudaBackend final : public model::Backend {
 
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    for (auto& [key, g] : graphs_)
+      if (g.exec) cudaGraphExecDestroy(g.exec);
     for (void* p : owned_) cudaFree(p);
     cudaFreeHost(pinned_);
     cublasDestroy(blas_);
@@ -180,8 +183,10 @@ class CudaBackend final : public model::Backend {
                 out.size(), " buffers");
     // A step starts here: the previous one has been read back (to_host
     // synchronised), so the staging area can be reused from its start.
+    abandon_graph();  // a step that failed mid-capture left its capture open
     FERRY_CUDA_CHECK(cudaStreamSynchronize(stream_));
     staged_ = 0;
+    staged_pos_ = nullptr;
     auto rounded = [](size_t n) { return (n + 63) / 64 * 64; };  // 256-byte aligned
     size_t total = 0;
     for (size_t n : sizes) total += rounded(n);
@@ -190,16 +195,19 @@ class CudaBackend final : public model::Backend {
       out[i] = p;
       p += rounded(sizes[i]);
     }
+    begin_graph(sizes);
   }
 
   void embed(const kernels::WeightView& table, std::span<const int32_t> host_tokens,
              float* out) override {
     const int32_t* tokens = upload(host_tokens);
+    if (replaying()) return;
     cuda::embed(table.data, table.type, table.n_in, tokens, host_tokens.size(), out, stream_);
   }
 
   void rmsnorm(const float* x, const float* w, size_t n_rows, size_t dim, float eps,
                float* out) override {
+    if (replaying()) return;
     cuda::rmsnorm(x, w, n_rows, dim, eps, out, stream_);
   }
 
@@ -215,6 +223,7 @@ class CudaBackend final : public model::Backend {
   // the deterministic mode the choice never depends on n_rows.
   void matmul_many(std::span<const kernels::WeightView> ws, const float* x, size_t n_rows,
                    std::span<float* const> ys) override {
+    if (replaying()) return;
     const uint16_t* xb = nullptr;  // x in bf16, made on first use
     for (size_t i = 0; i < ws.size(); ++i) {
       const kernels::WeightView& w = ws[i];
@@ -237,15 +246,25 @@ class CudaBackend final : public model::Backend {
 
   void rope(float* x, size_t n_heads, size_t head_dim, std::span<const int32_t> host_pos,
             const float* inv_freq) override {
-    const int32_t* pos = upload(host_pos);
+    // q and k rotate by the same positions: upload them once per step.
+    if (staged_pos_ == nullptr || host_pos.data() != staged_pos_host_ ||
+        host_pos.size() != staged_pos_n_) {
+      staged_pos_ = upload(host_pos);
+      staged_pos_host_ = host_pos.data();
+      staged_pos_n_ = host_pos.size();
+    }
+    if (replaying()) return;
+    const int32_t* pos = staged_pos_;
     cuda::rope(x, host_pos.size(), n_heads, head_dim, pos, inv_freq, stream_);
   }
 
   void silu_mul(float* gate, const float* up, size_t n) override {
+    if (replaying()) return;
     cuda::silu_mul(gate, up, n, stream_);
   }
 
   void add_inplace(float* x, const float* y, size_t n) override {
+    if (replaying()) return;
     cuda::add_inplace(x, y, n, stream_);
   }
 
@@ -253,6 +272,7 @@ class CudaBackend final : public model::Backend {
                    float* out) override {
     std::vector<uint32_t> rows(host_rows.begin(), host_rows.end());
     const uint32_t* d_rows = upload(std::span<const uint32_t>(rows));
+    if (replaying()) return;
     cuda::gather_rows(x, d_rows, rows.size(), dim, out, stream_);
   }
 
@@ -264,6 +284,7 @@ class CudaBackend final : public model::Backend {
       writes_[t] = KvWrite{w.k, w.v, static_cast<uint32_t>(w.slot), static_cast<uint32_t>(t)};
     }
     const KvWrite* d = upload(std::span<const KvWrite>(writes_));
+    if (replaying()) return;
     cuda::kv_store(d, writes_.size(), kv.spec().n_kv_heads, kv.spec().head_dim, k, v, stream_);
   }
 
@@ -284,10 +305,84 @@ class CudaBackend final : public model::Backend {
       j.seg[1] = task.seg[1];
     }
     const AttentionJob* d = upload(std::span<const AttentionJob>(jobs_));
+    if (replaying()) return;
     cuda::attention(d, jobs_.size(), shape, stream_);
   }
 
+  // Greedy and top-k rows reduce on the device (select_logits) and copy
+  // back their few largest logits; only rows that asked for it copy the
+  // whole vocabulary row. One synchronisation, at the end.
+  void outputs(const float* logits, size_t n_out, size_t vocab,
+               std::span<const model::OutputNeed> needs, model::StepOutputs& out) override {
+    end_graph();
+    if (needs.empty()) return Backend::outputs(logits, n_out, vocab, needs, out);
+    out.vocab = vocab;
+    out.full_row.resize(n_out);
+    size_t n_full = 0, stride = 0;
+    bool any_lse = false;
+    select_jobs_.resize(n_out);
+    for (size_t o = 0; o < n_out; ++o) {
+      const model::OutputNeed& n = needs[o];
+      FERRY_CHECK(n.top_n <= model::kMaxTopN, "cuda", "top_n ", n.top_n, " over the limit of ",
+                  model::kMaxTopN);
+      out.full_row[o] = n.full ? static_cast<int64_t>(n_full++) : -1;
+      const uint32_t top_n = n.full ? 0 : n.top_n;
+      const bool lse = !n.full && n.lse;
+      select_jobs_[o] = SelectJob{top_n, lse ? 1u : 0u};
+      stride = std::max<size_t>(stride, top_n);
+      any_lse = any_lse || lse;
+    }
+    // Resized, not cleared: kept across steps, no allocation or zeroing.
+    out.logits.resize(n_full * vocab);
+    for (size_t o = 0; o < n_out;) {  // runs of consecutive whole rows: one copy each
+      if (out.full_row[o] < 0) {
+        ++o;
+        continue;
+      }
+      size_t e = o;
+      while (e < n_out && out.full_row[e] >= 0) ++e;
+      FERRY_CUDA_CHECK(cudaMemcpyAsync(out.logits.data() + out.full_row[o] * vocab,
+                                       logits + o * vocab, (e - o) * vocab * sizeof(float),
+                                       cudaMemcpyDeviceToHost, stream_));
+      o = e;
+    }
+    out.top_stride = stride;
+    out.top.resize(n_out * stride);
+    out.top_count.assign(n_out, 0);
+    out.lse.assign(any_lse ? n_out : 0, model::LogSumExp{});
+    if (stride > 0 || any_lse) {
+      const SelectJob* jobs = upload(std::span<const SelectJob>(select_jobs_));
+      const size_t top_bytes = (n_out * stride * sizeof(model::TopLogit) + 255) / 256 * 256;
+      const size_t small = (n_out * 4 + 255) / 256 * 256;
+      uint8_t* d = static_cast<uint8_t*>(select_.get(top_bytes + 2 * small + n_out * 8, stream_));
+      auto* top = reinterpret_cast<model::TopLogit*>(d);
+      auto* count = reinterpret_cast<uint32_t*>(d + top_bytes);
+      auto* mx = reinterpret_cast<float*>(d + top_bytes + small);
+      auto* sum = reinterpret_cast<double*>(d + top_bytes + 2 * small);
+      cuda::select_logits(logits, n_out, vocab, jobs, stride, top, count, mx, sum, stream_);
+      lse_max_.resize(n_out);
+      lse_sum_.resize(n_out);
+      select_count_.resize(n_out);
+      auto back = [&](void* dst, const void* src, size_t bytes) {
+        if (bytes > 0)
+          FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+      };
+      back(out.top.data(), top, n_out * stride * sizeof(model::TopLogit));
+      back(select_count_.data(), count, n_out * 4);
+      if (any_lse) {
+        back(lse_max_.data(), mx, n_out * 4);
+        back(lse_sum_.data(), sum, n_out * 8);
+      }
+    }
+    FERRY_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (size_t o = 0; o < n_out; ++o) {
+      if (select_jobs_[o].top_n > 0) out.top_count[o] = select_count_[o];
+      if (select_jobs_[o].lse) out.lse[o] = model::LogSumExp{lse_max_[o], lse_sum_[o]};
+    }
+  }
+
   void to_host(const float* x, size_t n, float* host_out) override {
+    end_graph();
     if (n > 0)
       FERRY_CUDA_CHECK(
           cudaMemcpyAsync(host_out, x, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
@@ -338,6 +433,9 @@ class CudaBackend final : public model::Backend {
   const T* upload(std::span<const T> host) {
     const size_t bytes = host.size_bytes(), at = (staged_ + 255) / 256 * 256;
     if (at + bytes > pinned_size_) {
+      // A graph's copies read fixed staging addresses; a shape is captured
+      // only after a direct step of it sized the staging (begin_graph).
+      FERRY_CHECK(mode_ == Mode::Direct, "cuda", "staging grew inside a captured step");
       // Growing invalidates staged copies: wait for the kernels using them.
       FERRY_CUDA_CHECK(cudaStreamSynchronize(stream_));
       const size_t grown = std::max<size_t>(2 * (at + bytes), size_t{1} << 20);
@@ -352,10 +450,88 @@ class CudaBackend final : public model::Backend {
     uint8_t* d = static_cast<uint8_t*>(staging_.ptr) + at;
     if (bytes > 0) {
       std::memcpy(h, host.data(), bytes);
-      FERRY_CUDA_CHECK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, stream_));
+      if (!replaying())  // a replayed graph copies it
+        FERRY_CUDA_CHECK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, stream_));
     }
     staged_ = at + bytes;
     return reinterpret_cast<const T*>(d);
+  }
+
+  // --- CUDA graphs (one per step shape) ---
+  enum class Mode { Direct, Capture, Replay };
+  struct Graph {
+    int direct_runs = 0;
+    cudaGraphExec_t exec = nullptr;
+    // The buffers the graph's nodes point into, as when it was captured.
+    const void *arena = nullptr, *staging = nullptr, *pinned = nullptr, *xtc = nullptr;
+  };
+  static constexpr size_t kMaxGraphs = 300, kMaxShapesSeen = 4096;
+
+  bool replaying() const { return mode_ == Mode::Replay; }
+
+  // Called at a step's start with its activation sizes (its shape): replay
+  // the shape's graph if its buffers are where they were, capture it on the
+  // shape's second direct step (the first sized every buffer), else run
+  // directly. cuBLAS products (fast mode, many rows) are not captured.
+  void begin_graph(std::span<const size_t> sizes) {
+    mode_ = Mode::Direct;
+    graph_ = nullptr;
+    if (!opts_.graphs) return;
+    if (!opts_.deterministic) return;  // cuBLAS's workspace and kernel choice stay out of graphs
+    key_.assign(sizes.begin(), sizes.end());
+    auto it = graphs_.find(key_);
+    if (it == graphs_.end()) {
+      if (graphs_.size() >= kMaxShapesSeen) return;
+      it = graphs_.emplace(key_, Graph{}).first;
+    }
+    Graph& g = it->second;
+    const bool same_buffers = g.arena == arena_.ptr && g.staging == staging_.ptr &&
+                              g.pinned == pinned_ && g.xtc == xtc_.ptr;
+    if (g.exec && same_buffers) {
+      mode_ = Mode::Replay;
+      graph_ = &g;
+      return;
+    }
+    if (g.exec) {  // a buffer moved: capture again
+      FERRY_CUDA_CHECK(cudaGraphExecDestroy(g.exec));
+      g.exec = nullptr;
+      --n_graphs_;
+    }
+    if (g.direct_runs++ == 0 || n_graphs_ >= kMaxGraphs) return;
+    FERRY_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    mode_ = Mode::Capture;
+    graph_ = &g;
+  }
+
+  void abandon_graph() {
+    if (mode_ == Mode::Capture) {
+      cudaGraph_t graph = nullptr;
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      (void)cudaGetLastError();
+    }
+    mode_ = Mode::Direct;
+    graph_ = nullptr;
+  }
+
+  // Before the step's outputs are read: end a capture (and launch what it
+  // recorded) or launch the replayed graph.
+  void end_graph() {
+    if (mode_ == Mode::Capture) {
+      cudaGraph_t graph = nullptr;
+      FERRY_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+      const cudaError_t e = cudaGraphInstantiate(&graph_->exec, graph, 0);
+      cudaGraphDestroy(graph);
+      FERRY_CUDA_CHECK(e);
+      graph_->arena = arena_.ptr;
+      graph_->staging = staging_.ptr;
+      graph_->pinned = pinned_;
+      graph_->xtc = xtc_.ptr;
+      ++n_graphs_;
+    }
+    if (mode_ != Mode::Direct) FERRY_CUDA_CHECK(cudaGraphLaunch(graph_->exec, stream_));
+    mode_ = Mode::Direct;
+    graph_ = nullptr;
   }
 
   CudaOptions opts_;
@@ -364,11 +540,24 @@ class CudaBackend final : public model::Backend {
   cublasHandle_t blas_ = nullptr;
   std::shared_ptr<DeviceKvAllocator> kv_alloc_;
   std::vector<void*> owned_;  // weights and vectors
-  Growable arena_, staging_, dequant_, xconv_, xtc_;
+  Growable arena_, staging_, dequant_, xconv_, xtc_, select_;
   void* pinned_ = nullptr;
   size_t pinned_size_ = 0, staged_ = 0;
   std::vector<KvWrite> writes_;
   std::vector<AttentionJob> jobs_;
+  std::vector<SelectJob> select_jobs_;
+  Mode mode_ = Mode::Direct;
+  Graph* graph_ = nullptr;
+  std::map<std::vector<size_t>, Graph> graphs_;
+  std::vector<size_t> key_;
+  size_t n_graphs_ = 0;
+  // This step's positions on the device (rope of q and k share them).
+  const int32_t* staged_pos_ = nullptr;
+  const int32_t* staged_pos_host_ = nullptr;
+  size_t staged_pos_n_ = 0;
+  std::vector<uint32_t> select_count_;
+  std::vector<float> lse_max_;
+  std::vector<double> lse_sum_;
 };
 
 }  // namespace

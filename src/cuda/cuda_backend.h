@@ -8,6 +8,11 @@
 // stream; the only host synchronisation of a step is the logits' copy
 // back (to_host).
 //
+// Launches: a step shape (the activation sizes a forward asks for) seen
+// before is captured once into a CUDA graph and then replayed: the ops of
+// later steps of that shape only build their job lists on the host, into
+// the same pinned staging the graph's copies read (docs/CUDA.md).
+//
 // Modes:
 // - deterministic (default): every product runs ferry's own kernels
 //   (cuda_ops.h), whose reduction order per output is fixed, so a row's
@@ -28,6 +33,9 @@ namespace ferry::cuda {
 struct CudaOptions {
   int device = 0;
   bool deterministic = true;
+  // Replay repeated step shapes (decode steps of the same batch size) as
+  // CUDA graphs: one launch per step instead of one per kernel.
+  bool graphs = true;
 };
 
 // Throws ferry::Error("[cuda] ...") when no usable GPU is present.

@@ -22,6 +22,7 @@
 
 #include "core/dtype.h"
 #include "kernels/ops.h"
+#include "model/outputs.h"
 
 namespace ferry::cuda {
 
@@ -99,6 +100,20 @@ struct AttentionJob {
 // blocking, so the result does not depend on the other jobs.
 void attention(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& shape,
                cudaStream_t stream);
+
+// Per row r of logits [n_rows, vocab], as jobs[r] asks: the top_n (at most
+// model::kMaxTopN) largest logits, value desc then id asc (-0 as +0, NaN
+// never chosen), into top[r * stride ...] with count[r] filled; and with
+// lse, the row's max (lse_max[r]) and sum of exp(l - max) in double
+// (lse_sum[r]). Ids and values are those of model::select_from_row; the sum
+// differs from it only by summation order. Rows asking nothing are left.
+struct SelectJob {
+  uint32_t top_n = 0;
+  uint32_t lse = 0;
+};
+void select_logits(const float* logits, size_t n_rows, size_t vocab, const SelectJob* jobs,
+                   size_t stride, model::TopLogit* top, uint32_t* count, float* lse_max,
+                   double* lse_sum, cudaStream_t stream);
 
 // Throws ferry::Error("[cuda] <what>: <error string> at file:line") if err
 // is not cudaSuccess.

@@ -99,20 +99,59 @@ void Sampler::apply_penalties(std::span<float> logits) const {
 }
 
 namespace {
-struct LogSumExp {
-  float max;
-  double sum;  // sum of exp(l - max), in double
-  float logprob(float l) const {
-    return static_cast<float>(static_cast<double>(l) - max - std::log(sum));
-  }
-};
+using model::LogSumExp;
 LogSumExp log_sum_exp(std::span<const float> logits) {
   LogSumExp r{-INFINITY, 0.0};
   for (float l : logits) r.max = std::max(r.max, l);
   for (float l : logits) r.sum += std::exp(static_cast<double>(l) - r.max);
   return r;
 }
+// Sort by logit descending, id ascending: a total order, so the candidate
+// list is the same on every run.
+bool before(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+  return a.first != b.first ? a.first > b.first : a.second < b.second;
+}
 }  // namespace
+
+bool Sampler::penalized() const {
+  return params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
+         params_.frequency_penalty != 0.0f;
+}
+
+model::OutputNeed Sampler::need(bool want_logprob) const {
+  model::OutputNeed n;
+  n.lse = want_logprob;
+  if (penalized()) return n;  // penalties change logits the reduction would not see
+  if (params_.temperature == 0.0f) {
+    n.full = false;
+    n.top_n = 1;
+  } else if (params_.top_k > 0 && static_cast<uint32_t>(params_.top_k) <= model::kMaxTopN) {
+    n.full = false;
+    n.top_n = static_cast<uint32_t>(params_.top_k);
+  }
+  return n;
+}
+
+Sampled Sampler::sample(const model::RowLogits& row, bool want_logprob) {
+  if (!row.full.empty()) return sample(row.full, want_logprob);
+  const model::OutputNeed n = need(want_logprob);
+  FERRY_CHECK(!n.full && !row.top.empty() && (!want_logprob || row.lse.valid()), "sampling",
+              "the step delivered neither the whole row nor its largest logits");
+  int32_t chosen = row.top[0].id;
+  float raw_chosen = row.top[0].value;
+  if (params_.temperature != 0.0f) {
+    const size_t k = std::min<size_t>(n.top_n, row.top.size());
+    cand_.clear();
+    for (size_t i = 0; i < k; ++i)
+      cand_.emplace_back(row.top[i].value / params_.temperature, row.top[i].id);
+    // Scaling can make neighbours equal: re-sort as the whole-row path does.
+    std::sort(cand_.begin(), cand_.end(), before);
+    chosen = draw();
+    for (size_t i = 0; i < k; ++i)
+      if (row.top[i].id == chosen) raw_chosen = row.top[i].value;
+  }
+  return Sampled{chosen, want_logprob ? row.lse.logprob(raw_chosen) : NAN};
+}
 
 float log_softmax_at(std::span<const float> logits, int32_t token) {
   return log_sum_exp(logits).logprob(logits[token]);
@@ -127,9 +166,7 @@ Sampled Sampler::sample(std::span<float> logits, bool want_logprob) {
   // (only seen tokens), instead of copying the whole vocabulary.
   const LogSumExp raw = want_logprob ? log_sum_exp(logits) : LogSumExp{NAN, 0.0};
   saved_.clear();
-  const bool penalized = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
-                         params_.frequency_penalty != 0.0f;
-  if (penalized)
+  if (penalized())
     for (int32_t t : seen_)  // generated tokens are in seen_ too
       if (static_cast<size_t>(t) < V) saved_.emplace_back(t, logits[t]);
   apply_penalties(logits);
@@ -143,59 +180,59 @@ Sampled Sampler::sample(std::span<float> logits, bool want_logprob) {
     cand_.reserve(V);
     for (size_t i = 0; i < V; ++i)
       cand_.emplace_back(logits[i] / params_.temperature, static_cast<int32_t>(i));
-    // Sort by logit descending, id ascending: a total order, so the
-    // candidate list is the same on every run.
-    auto cmp = [](const auto& a, const auto& b) {
-      return a.first != b.first ? a.first > b.first : a.second < b.second;
-    };
     size_t keep = V;
     if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < V) {
       keep = static_cast<size_t>(params_.top_k);
-      std::partial_sort(cand_.begin(), cand_.begin() + keep, cand_.end(), cmp);
+      std::partial_sort(cand_.begin(), cand_.begin() + keep, cand_.end(), before);
       cand_.resize(keep);
     } else {
-      std::sort(cand_.begin(), cand_.end(), cmp);
+      std::sort(cand_.begin(), cand_.end(), before);
     }
-    // Softmax over the survivors (double, in sorted order).
-    const double mx = cand_[0].first;
-    std::vector<double>& p = probs_;
-    p.resize(cand_.size());
-    double sum = 0.0;
-    for (size_t i = 0; i < cand_.size(); ++i) sum += p[i] = std::exp(cand_[i].first - mx);
-    for (double& x : p) x /= sum;
-    // min-p: drop tokens below min_p * p_max.
-    size_t n = cand_.size();
-    if (params_.min_p > 0.0f) {
-      const double floor = params_.min_p * p[0];
-      while (n > 1 && p[n - 1] < floor) --n;
-    }
-    // top-p: smallest prefix whose mass reaches top_p.
-    if (params_.top_p < 1.0f) {
-      double acc = 0.0;
-      size_t m = 0;
-      while (m < n) {
-        acc += p[m++];
-        if (acc >= params_.top_p) break;
-      }
-      n = m;
-    }
-    double mass = 0.0;
-    for (size_t i = 0; i < n; ++i) mass += p[i];
-    double u = rng_.uniform() * mass;
-    chosen = cand_[n - 1].second;
-    double acc = 0.0;
-    for (size_t i = 0; i < n; ++i) {
-      acc += p[i];
-      if (u < acc) {
-        chosen = cand_[i].second;
-        break;
-      }
-    }
+    chosen = draw();
   }
   float raw_chosen = logits[chosen];
   for (const auto& [t, l] : saved_)
     if (t == chosen) raw_chosen = l;
   return Sampled{chosen, want_logprob ? raw.logprob(raw_chosen) : NAN};
+}
+
+int32_t Sampler::draw() {
+  // Softmax over the survivors (double, in sorted order).
+  const double mx = cand_[0].first;
+  std::vector<double>& p = probs_;
+  p.resize(cand_.size());
+  double sum = 0.0;
+  for (size_t i = 0; i < cand_.size(); ++i) sum += p[i] = std::exp(cand_[i].first - mx);
+  for (double& x : p) x /= sum;
+  // min-p: drop tokens below min_p * p_max.
+  size_t n = cand_.size();
+  if (params_.min_p > 0.0f) {
+    const double floor = params_.min_p * p[0];
+    while (n > 1 && p[n - 1] < floor) --n;
+  }
+  // top-p: smallest prefix whose mass reaches top_p.
+  if (params_.top_p < 1.0f) {
+    double acc = 0.0;
+    size_t m = 0;
+    while (m < n) {
+      acc += p[m++];
+      if (acc >= params_.top_p) break;
+    }
+    n = m;
+  }
+  double mass = 0.0;
+  for (size_t i = 0; i < n; ++i) mass += p[i];
+  double u = rng_.uniform() * mass;
+  int32_t chosen = cand_[n - 1].second;
+  double acc = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    acc += p[i];
+    if (u < acc) {
+      chosen = cand_[i].second;
+      break;
+    }
+  }
+  return chosen;
 }
 
 }  // namespace ferry::engine

@@ -9,6 +9,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "model/outputs.h"
+
 namespace ferry::engine {
 
 struct SamplingParams {
@@ -46,12 +48,24 @@ class Sampler {
   // Without want_logprob, Sampled::logprob is NaN and the vocabulary-wide
   // normaliser is skipped.
   Sampled sample(std::span<float> logits, bool want_logprob = true);
+  // What sample(RowLogits) needs of the step's output: the largest logits
+  // when they decide the token alone (greedy, or top-k without penalties;
+  // each a reduction on the device), else the whole row.
+  model::OutputNeed need(bool want_logprob) const;
+  // Samples from a step's output: its whole row when present (as above),
+  // else from the largest logits `need` asked for. Both give the same
+  // token for the same logits and generator state.
+  Sampled sample(const model::RowLogits& row, bool want_logprob);
   // Records a generated token (for penalties).
   void accept(int32_t token);
   const SamplingParams& params() const { return params_; }
 
  private:
   void apply_penalties(std::span<float> logits) const;
+  bool penalized() const;
+  // Draws from cand_ (temperature-scaled logits sorted by value desc, id
+  // asc) after min-p and top-p.
+  int32_t draw();
 
   SamplingParams params_;
   Rng rng_;

@@ -181,22 +181,22 @@ void Scheduler::finish(Request& r, const StreamEvent& ev) {
   r.sink(ev);
 }
 
-// Top-k log-softmax of raw logits, most likely first (ties: lower id).
-static std::vector<TopLogprob> top_logprobs(std::span<const float> logits, size_t k) {
+// Top-k log-softmax of raw logits, most likely first (ties: lower id), from
+// the whole row or from the largest logits and log-sum-exp the step
+// delivered for it.
+static std::vector<TopLogprob> top_logprobs(const model::RowLogits& row, size_t k) {
   std::vector<TopLogprob> out;
   if (k == 0) return out;
-  float mx = -INFINITY;
-  for (float l : logits) mx = std::max(mx, l);
-  double sum = 0;
-  for (float l : logits) sum += std::exp(static_cast<double>(l) - mx);
-  const double lse = mx + std::log(sum);
-  std::vector<int32_t> ids(logits.size());
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
-  k = std::min(k, ids.size());
-  std::partial_sort(
-      ids.begin(), ids.begin() + static_cast<long>(k), ids.end(),
-      [&](int32_t a, int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; });
-  for (size_t i = 0; i < k; ++i) out.push_back({ids[i], static_cast<float>(logits[ids[i]] - lse)});
+  std::vector<model::TopLogit> top;
+  model::LogSumExp lse = row.lse;
+  std::span<const model::TopLogit> best = row.top;
+  if (!row.full.empty()) {
+    model::select_from_row(row.full, static_cast<uint32_t>(k), top, &lse);
+    best = top;
+  }
+  const double log_z = lse.max + std::log(lse.sum);
+  for (size_t i = 0; i < std::min(k, best.size()); ++i)
+    out.push_back({best[i].id, static_cast<float>(best[i].value - log_z)});
   return out;
 }
 
@@ -285,12 +285,22 @@ bool Scheduler::step() {
     prefill_tokens += n;
   }
 
-  // 3. One forward for every row.
-  std::vector<float>& logits = logits_;  // kept across steps: no per-step allocation
-  model_.forward(ctx_, batch_, rows, logits);
+  // 3. One forward for every row; each output brings back what its
+  //    sampler needs (on a GPU, greedy and top-k reduce on the device).
+  needs_.clear();
+  for (size_t b = 0; b < B; ++b) {
+    if (!rows[b].want_logits || rows[b].tokens.empty()) continue;
+    const Request& r = *running_[b];
+    model::OutputNeed n = r.seq->need();
+    if (r.top_logprobs > 0) {
+      n.top_n = std::max<uint32_t>(n.top_n, static_cast<uint32_t>(r.top_logprobs));
+      n.lse = true;
+    }
+    needs_.push_back(n);
+  }
+  model_.step(ctx_, batch_, rows, needs_, outputs_);
 
   // 4. Sample, stream, retire.
-  const size_t V = model_.config().vocab_size;
   const auto now = Clock::now();
   size_t o = 0;
   keep.clear();
@@ -307,8 +317,7 @@ bool Scheduler::step() {
       if (r.decoding()) batch_.finalize_row(b);
     }
     if (rows[b].want_logits && !rows[b].tokens.empty()) {
-      std::span<float> l(&logits[o * V], V);
-      ++o;
+      const model::RowLogits l = outputs_.row(o++);
       StreamEvent ev;
       ev.top_logprobs = top_logprobs(l, r.top_logprobs);
       r.text.clear();
@@ -360,7 +369,7 @@ bool Scheduler::step() {
   for (double t : itls) m_.itl.observe(t);
   if (running_.empty()) {  // give the memory back
     batch_ = kv::BatchKv(spec_, model_.kv_allocator());
-    logits_ = {};
+    outputs_ = {};
   }
   cv_.notify_all();
   return true;

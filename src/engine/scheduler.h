@@ -148,7 +148,8 @@ class Scheduler {
   std::vector<std::shared_ptr<Request>> running_;  // running_[b] is batch_ row b
   std::vector<uint64_t> cancelled_;
   kv::BatchKv batch_;
-  std::vector<float> logits_;  // engine thread only
+  model::StepOutputs outputs_;  // engine thread only; kept across steps
+  std::vector<model::OutputNeed> needs_;
   size_t kv_in_use_ = 0;
   uint64_t next_id_ = 1;
   bool accepting_ = true, stop_ = false;

@@ -39,8 +39,14 @@ void Sequence::finish(FinishReason r) {
 }
 
 bool Sequence::on_logits(std::span<float> logits) {
+  model::RowLogits row;
+  row.full = logits;
+  return on_logits(row);
+}
+
+bool Sequence::on_logits(const model::RowLogits& row) {
   FERRY_CHECK(!finished_, "generate", "logits for a finished sequence");
-  Sampled s = sampler_.sample(logits, req_.logprobs);
+  Sampled s = sampler_.sample(row, req_.logprobs);
   res_.tokens.push_back(s.token);
   res_.logprobs.push_back(s.logprob);
   sampler_.accept(s.token);

@@ -21,6 +21,11 @@ class Sequence {
   // Takes the logits that follow the sequence's last token, samples, streams
   // text; returns true when the sequence has finished.
   bool on_logits(std::span<float> logits);
+  // The same from a step's output (model/outputs.h), which must hold what
+  // need() asked for.
+  bool on_logits(const model::RowLogits& row);
+  // What the sequence needs of its next step's output.
+  model::OutputNeed need() const { return sampler_.need(req_.logprobs); }
   bool finished() const { return finished_; }
   // The token to feed next (the last sampled one).
   int32_t last_token() const { return res_.tokens.back(); }

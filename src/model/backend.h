@@ -22,6 +22,7 @@
 
 #include "kernels/ops.h"
 #include "kv/batch_kv.h"
+#include "model/outputs.h"
 
 namespace ferry::model {
 
@@ -81,6 +82,15 @@ class Backend {
   // Copies n floats of backend memory to the host (waits for the step's
   // work before returning).
   virtual void to_host(const float* x, size_t n, float* host_out) = 0;
+  // Hands the step's logits ([n_out, vocab] in backend memory) to the host
+  // as `needs` asks (empty: all whole rows), into `out` (model/outputs.h;
+  // waits for the step's work). This default copies every whole row.
+  virtual void outputs(const float* logits, size_t n_out, size_t vocab,
+                       std::span<const OutputNeed> needs, StepOutputs& out) {
+    (void)needs;
+    out.reset_full(n_out, vocab);
+    to_host(logits, n_out * vocab, out.logits.data());
+  }
 };
 
 // The CPU backend for one call: ops run on ctx's pool and kernel path.

@@ -84,21 +84,21 @@ class LlamaModel final : public Model {
     device_ = std::move(d);
   }
 
-  void forward(const kernels::Context& ctx, kv::BatchKv& kv, std::span<const RowInput> rows,
-               std::vector<float>& logits) const override {
+  void step(const kernels::Context& ctx, kv::BatchKv& kv, std::span<const RowInput> rows,
+            std::span<const OutputNeed> needs, StepOutputs& out) const override {
     if (backend_) {
       FERRY_CHECK(kv.allocator() == backend_->kv_allocator(), "forward",
                   "the cache's memory is not the ", backend_->name(), " backend's");
-      run(*backend_, device_, kv, rows, logits);
+      run(*backend_, device_, kv, rows, needs, out);
     } else {
       CpuBackend cpu(ctx);
-      run(cpu, host_, kv, rows, logits);
+      run(cpu, host_, kv, rows, needs, out);
     }
   }
 
  private:
   void run(Backend& be, const LlamaWeights& w, kv::BatchKv& kv, std::span<const RowInput> rows,
-           std::vector<float>& logits) const;
+           std::span<const OutputNeed> needs, StepOutputs& out) const;
 
   LlamaWeights host_;
   // The weights in the memory of backend_ (set by set_backend; null: the
@@ -109,7 +109,8 @@ class LlamaModel final : public Model {
 };
 
 void LlamaModel::run(Backend& be, const LlamaWeights& w, kv::BatchKv& kv,
-                     std::span<const RowInput> rows, std::vector<float>& logits) const {
+                     std::span<const RowInput> rows, std::span<const OutputNeed> needs,
+                     StepOutputs& outputs) const {
   const ModelConfig& c = config_;
   const size_t E = c.n_embd, D = c.head_dim, H = c.n_heads, KVH = c.n_kv_heads;
   const size_t q_dim = H * D, kv_dim = KVH * D, F = c.n_ff;
@@ -139,7 +140,7 @@ void LlamaModel::run(Backend& be, const LlamaWeights& w, kv::BatchKv& kv,
   }
   const size_t T = tokens.size();
   if (T == 0) {
-    logits.clear();
+    outputs.reset_full(0, c.vocab_size);
     return;
   }
 
@@ -158,6 +159,8 @@ void LlamaModel::run(Backend& be, const LlamaWeights& w, kv::BatchKv& kv,
     t += n;
   }
   const size_t n_out = out_tokens.size(), V = c.vocab_size;
+  if (!needs.empty() && needs.size() != n_out)
+    fail("forward", needs.size(), " output needs for a step of ", n_out, " outputs");
 
   kv.reserve(counts);  // the step's only cache allocation; nothing changes on failure
   const size_t sizes[] = {T * E, T * E, T * q_dim, T * kv_dim, T * kv_dim, T * q_dim,
@@ -196,14 +199,26 @@ void LlamaModel::run(Backend& be, const LlamaWeights& w, kv::BatchKv& kv,
     be.rmsnorm(sel, w.output_norm, n_out, E, c.rms_eps, sel);
     be.matmul(w.output, sel, n_out, out);
   }
-  // Resized, not cleared: a caller that keeps its vector across steps pays
-  // no allocation or zeroing (256 rows of a 128k vocabulary: 131 MB).
-  logits.resize(n_out * V);
-  be.to_host(out, n_out * V, logits.data());
+  be.outputs(out, n_out, V, needs, outputs);
   kv.commit(counts);  // last: an exception above leaves the rows' lengths as they were
 }
 
 }  // namespace
+
+void Model::forward(const kernels::Context& ctx, kv::BatchKv& kv, std::span<const RowInput> rows,
+                    std::vector<float>& logits) const {
+  StepOutputs out;
+  out.logits.swap(logits);  // reuse the caller's buffer
+  step(ctx, kv, rows, {}, out);
+  logits.swap(out.logits);
+}
+
+size_t Model::count_outputs(std::span<const RowInput> rows) {
+  size_t n = 0;
+  for (const RowInput& r : rows)
+    if (r.want_logits && !r.tokens.empty()) n += r.all_logits ? r.tokens.size() : 1;
+  return n;
+}
 
 std::unique_ptr<Model> load_model(const std::string& path, const LoadProgress& progress) {
   std::unique_ptr<gguf::File> f = gguf::File::open(path);

@@ -14,6 +14,7 @@
 #include "kernels/ops.h"
 #include "kv/batch_kv.h"
 #include "model/backend.h"
+#include "model/outputs.h"
 
 namespace ferry::model {
 
@@ -62,8 +63,15 @@ class Model {
   // Each output depends only on its own row's tokens and cache (see
   // kernels/ops.h), so batching never changes a row's logits. On an error
   // the cache is left as it was.
-  virtual void forward(const kernels::Context& ctx, kv::BatchKv& kv, std::span<const RowInput> rows,
-                       std::vector<float>& logits) const = 0;
+  void forward(const kernels::Context& ctx, kv::BatchKv& kv, std::span<const RowInput> rows,
+               std::vector<float>& logits) const;
+  // The same step, delivering per output what needs[o] asks for (empty
+  // needs: every output's whole row); see model/outputs.h. `out` is
+  // reused across steps.
+  virtual void step(const kernels::Context& ctx, kv::BatchKv& kv, std::span<const RowInput> rows,
+                    std::span<const OutputNeed> needs, StepOutputs& out) const = 0;
+  // The number of outputs a step over `rows` produces.
+  static size_t count_outputs(std::span<const RowInput> rows);
 
   // Moves the model to a backend (model/backend.h), e.g. a GPU: its
   // weights are copied into the backend's memory now, and every later

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <random>
 
@@ -21,10 +22,12 @@
 namespace ferry::model {
 namespace {
 
-std::unique_ptr<Model> gpu_model(const std::string& path, bool deterministic = true) {
+std::unique_ptr<Model> gpu_model(const std::string& path, bool deterministic = true,
+                                 bool graphs = true) {
   auto m = load_model(path);
   cuda::CudaOptions o;
   o.deterministic = deterministic;
+  o.graphs = graphs;
   m->set_backend(cuda::make_backend(o));
   return m;
 }
@@ -153,6 +156,113 @@ TEST(SmolLM2Gpu, LogitsMatchCpuAndGreedy32Identical) {
     }
     std::printf("[gpu-vs-cpu] SmolLM2 prompt of %zu: max diff %.3g of the largest logit\n",
                 p.size(), d);
+  }
+}
+
+// A step that reduces its outputs on the device (greedy/top-k sampling's
+// path) gives the same largest logits, bit for bit, as the whole rows of the
+// same step reduced on the host; rows asking for their whole row get it
+// beside reduced ones in one step.
+TEST(GpuOutputs, ReducedStepsMatchWholeRows) {
+  const std::string path = test::data_path("models/tiny-llama3-f32.gguf");
+  auto gpu = gpu_model(path);
+  ThreadPool pool(2);
+  kernels::Context ctx{&pool, best_cpu_path()};
+  const kv::KvSpec spec = gpu->config().kv_spec(kernels::KvFormat::f16(), kernels::KvFormat::f16());
+  kv::BatchKv whole(spec, gpu->kv_allocator()), part(spec, gpu->kv_allocator());
+  const std::vector<std::vector<int32_t>> prompts = {{5, 9, 2, 7}, {3, 1}, {8, 8, 8}};
+  std::vector<size_t> lens;
+  for (const auto& p : prompts) lens.push_back(p.size());
+  whole.prepare_prefill(lens);
+  part.prepare_prefill(lens);
+  std::vector<RowInput> in;
+  for (const auto& p : prompts) in.push_back(RowInput{p});
+  const size_t V = gpu->config().vocab_size;
+  std::vector<float> logits;
+  StepOutputs out;
+  std::vector<int32_t> next(prompts.size());
+  for (int step = 0; step < 12; ++step) {
+    std::vector<OutputNeed> needs(prompts.size());
+    needs[0] = {false, 1, true};
+    needs[1] = {false, 7, step % 2 == 0};
+    needs[2] = {step % 3 == 0, 3, true};  // now and then the whole row
+    gpu->forward(ctx, whole, in, logits);
+    gpu->step(ctx, part, in, needs, out);
+    if (step == 0) {
+      whole.finalize_prefill();
+      part.finalize_prefill();
+    }
+    ASSERT_EQ(out.size(), prompts.size());
+    for (size_t o = 0; o < prompts.size(); ++o) {
+      const std::span<const float> row(&logits[o * V], V);
+      const RowLogits got = out.row(o);
+      std::vector<TopLogit> want;
+      LogSumExp lse;
+      select_from_row(row, needs[o].top_n, want, &lse);
+      if (needs[o].full) {
+        ASSERT_EQ(got.full.size(), V);
+        EXPECT_TRUE(std::equal(row.begin(), row.end(), got.full.begin())) << "step " << step;
+      } else {
+        ASSERT_EQ(got.top.size(), want.size());
+        for (size_t i = 0; i < want.size(); ++i) {
+          EXPECT_EQ(got.top[i].id, want[i].id) << "step " << step << " output " << o;
+          EXPECT_EQ(got.top[i].value, want[i].value) << "step " << step << " output " << o;
+        }
+        if (needs[o].lse) {
+          EXPECT_EQ(got.lse.max, lse.max);
+          EXPECT_NEAR(got.lse.sum, lse.sum, 1e-12 * lse.sum);
+        }
+      }
+      next[o] = want.empty() ? 0 : want[0].id;
+    }
+    for (size_t o = 0; o < prompts.size(); ++o)
+      in[o] = RowInput{std::span<const int32_t>(&next[o], 1)};
+  }
+}
+
+// Steps replayed from CUDA graphs give the bits of steps launched kernel by
+// kernel: decode steps of one shape (the second captures, later ones
+// replay), then a row leaves (a new shape) and the cache grows past its
+// first allocation while graphs replay.
+TEST(GpuGraphs, ReplayedStepsMatchDirectOnes) {
+  const std::string path = test::data_path("models/tiny-llama3-f32.gguf");
+  auto direct = gpu_model(path, true, false);
+  auto graphed = gpu_model(path, true, true);
+  ThreadPool pool(2);
+  kernels::Context ctx{&pool, best_cpu_path()};
+  const kv::KvSpec spec =
+      direct->config().kv_spec(kernels::KvFormat::affine(4, 32), kernels::KvFormat::f16());
+  kv::BatchKv a(spec, direct->kv_allocator()), b(spec, graphed->kv_allocator());
+  const std::vector<std::vector<int32_t>> prompts = {{5, 9, 2, 7}, {3, 1}, {8, 8, 8, 1, 2}};
+  std::vector<size_t> lens;
+  for (const auto& p : prompts) lens.push_back(p.size());
+  a.prepare_prefill(lens);
+  b.prepare_prefill(lens);
+  std::vector<RowInput> in;
+  for (const auto& p : prompts) in.push_back(RowInput{p});
+  const size_t V = direct->config().vocab_size;
+  std::vector<float> la, lb;
+  std::vector<int32_t> next(prompts.size());
+  for (int step = 0; step < 80; ++step) {
+    if (step == 30) {  // the middle row leaves
+      const std::vector<size_t> keep = {0, 2};
+      a.filter(keep);
+      b.filter(keep);
+      next = {next[0], next[2]};
+      in.resize(2);
+    }
+    direct->forward(ctx, a, in, la);
+    graphed->forward(ctx, b, in, lb);
+    if (step == 0) {
+      a.finalize_prefill();
+      b.finalize_prefill();
+    }
+    ASSERT_EQ(la.size(), lb.size());
+    ASSERT_EQ(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)), 0) << "step " << step;
+    for (size_t o = 0; o < in.size(); ++o) {
+      next[o] = static_cast<int32_t>(argmax(&la[o * V], V));
+      in[o] = RowInput{std::span<const int32_t>(&next[o], 1)};
+    }
   }
 }
 

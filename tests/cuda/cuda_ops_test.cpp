@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -113,6 +114,68 @@ TEST(CudaOps, F32ToBf16AndAddAreExact) {
   kernels::add_inplace(a.data(), b.data(), a.size());
   const auto got = d_a.download();
   EXPECT_EQ(first_bit_diff(a, got.data(), a.size()), -1);
+}
+
+// select_logits gives model::select_from_row's ids and values exactly, for
+// every top_n (1, the argmax path; more, the radix select) on rows with
+// heavy ties, -0, NaN and -inf, vocabularies that do and do not fill the
+// block, and rows asking nothing; the log-sum-exp's max exactly and its sum
+// to 1e-12 relative (double sums in another order).
+TEST(CudaOps, SelectLogitsMatchesTheReference) {
+  REQUIRE_GPU();
+  for (size_t vocab : {7u, 1000u, 128256u}) {
+    const std::vector<uint32_t> top_ns = {1, 2, 5, 40, 1000, model::kMaxTopN, 0, 3};
+    const size_t rows = top_ns.size() + 1;
+    std::mt19937 gen(static_cast<uint32_t>(vocab));
+    std::vector<float> logits(rows * vocab);
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t i = 0; i < vocab; ++i) {
+        const uint32_t k = gen() % 64;
+        float v = static_cast<float>(static_cast<int>(gen() % 2001) - 1000) / 64.0f;
+        if (r % 3 == 0) v = std::round(v);  // many ties
+        if (k == 0) v = NAN;
+        if (k == 1) v = -0.0f;
+        if (k == 2) v = -INFINITY;
+        logits[r * vocab + i] = v;
+      }
+    std::vector<cuda::SelectJob> jobs(rows);
+    for (size_t r = 0; r < top_ns.size(); ++r) jobs[r] = {top_ns[r], r % 2 == 0 ? 1u : 0u};
+    jobs[rows - 1] = {0, 1};  // lse only
+    const size_t stride = model::kMaxTopN;
+    DeviceBuffer<float> d_logits(logits);
+    DeviceBuffer<cuda::SelectJob> d_jobs(jobs);
+    DeviceBuffer<model::TopLogit> d_top(rows * stride);
+    DeviceBuffer<uint32_t> d_count(rows);
+    DeviceBuffer<float> d_max(rows);
+    DeviceBuffer<double> d_sum(rows);
+    d_top.poison();
+    d_count.poison();
+    cuda::select_logits(d_logits.get(), rows, vocab, d_jobs.get(), stride, d_top.get(),
+                        d_count.get(), d_max.get(), d_sum.get(), nullptr);
+    const auto top = d_top.download();
+    const auto count = d_count.download();
+    const auto mx = d_max.download();
+    const auto sum = d_sum.download();
+    for (size_t r = 0; r < rows; ++r) {
+      std::vector<model::TopLogit> want;
+      model::LogSumExp lse;
+      const std::span<const float> row(&logits[r * vocab], vocab);
+      model::select_from_row(row, jobs[r].top_n, want, &lse);
+      const std::string what = "vocab " + std::to_string(vocab) + " row " + std::to_string(r);
+      if (jobs[r].top_n > 0) {
+        ASSERT_EQ(count[r], want.size()) << what;
+        for (size_t i = 0; i < want.size(); ++i) {
+          const model::TopLogit g = top[r * stride + i];
+          ASSERT_EQ(g.id, want[i].id) << what << " rank " << i;
+          ASSERT_EQ(std::memcmp(&g.value, &want[i].value, 4), 0) << what << " rank " << i;
+        }
+      }
+      if (jobs[r].lse) {
+        EXPECT_EQ(mx[r], lse.max) << what;
+        EXPECT_NEAR(sum[r], lse.sum, 1e-12 * lse.sum) << what;
+      }
+    }
+  }
 }
 
 TEST(CudaOps, SiluMulMatchesCpu) {

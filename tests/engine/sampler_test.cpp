@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <map>
+#include <random>
 #include <vector>
 
 #include "core/error.h"
@@ -124,6 +125,100 @@ TEST(Sampler, ValidationNamesTheField) {
   p = {};
   p.repetition_penalty = 0;
   EXPECT_THROW(p.validate(), Error);
+}
+
+// What a GPU step delivers instead of the whole row: the largest logits
+// and the log-sum-exp, computed by the reference reduction.
+model::RowLogits reduced(std::span<const float> row, const model::OutputNeed& need,
+                         std::vector<model::TopLogit>& top) {
+  model::RowLogits r;
+  model::select_from_row(row, need.top_n, top, need.lse ? &r.lse : nullptr);
+  r.top = top;
+  return r;
+}
+
+TEST(Sampler, NeedAsksForTheWholeRowOnlyWhenTheLargestLogitsDoNotDecide) {
+  SamplingParams p;
+  p.temperature = 0;
+  model::OutputNeed n = Sampler(p, {}).need(true);
+  EXPECT_FALSE(n.full);
+  EXPECT_EQ(n.top_n, 1u);
+  EXPECT_TRUE(n.lse);
+  p.temperature = 0.7f;
+  p.top_k = 40;
+  n = Sampler(p, {}).need(false);
+  EXPECT_FALSE(n.full);
+  EXPECT_EQ(n.top_n, 40u);
+  EXPECT_FALSE(n.lse);
+  p.top_k = 0;  // the whole vocabulary competes
+  EXPECT_TRUE(Sampler(p, {}).need(false).full);
+  p.top_k = static_cast<int32_t>(model::kMaxTopN) + 1;
+  EXPECT_TRUE(Sampler(p, {}).need(false).full);
+  p.top_k = 5;
+  p.repetition_penalty = 1.1f;  // penalties rewrite logits the reduction never saw
+  EXPECT_TRUE(Sampler(p, {}).need(false).full);
+}
+
+// From the largest logits the sampler draws exactly what it draws from the
+// whole row: the same tokens, generator state and logprobs, over greedy and
+// top-k with temperature, min-p and top-p, on rows with ties.
+TEST(Sampler, LargestLogitsGiveTheSameTokensAsTheWholeRow) {
+  std::mt19937 gen(3);
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  const float temps[] = {0.0f, 0.3f, 1.0f, 1.7f};
+  const int32_t top_ks[] = {1, 2, 7, 50};
+  for (float t : temps)
+    for (int32_t k : top_ks) {
+      SamplingParams p;
+      p.temperature = t;
+      p.top_k = k;
+      p.top_p = k == 7 ? 0.8f : 1.0f;
+      p.min_p = k == 50 ? 0.05f : 0.0f;
+      p.seed = 11;
+      Sampler whole(p, {}), part(p, {});
+      const model::OutputNeed need = part.need(true);
+      ASSERT_FALSE(need.full);
+      for (int step = 0; step < 30; ++step) {
+        std::vector<float> row(300);
+        for (float& x : row) x = std::round(u(gen) * 4) / 4;  // many ties
+        std::vector<model::TopLogit> top;
+        const model::RowLogits r = reduced(row, need, top);
+        std::vector<float> scratch = row;
+        const Sampled a = whole.sample(scratch, true);
+        const Sampled b = part.sample(r, true);
+        ASSERT_EQ(a.token, b.token) << "t " << t << " k " << k << " step " << step;
+        EXPECT_EQ(a.logprob, b.logprob);
+        whole.accept(a.token);
+        part.accept(b.token);
+      }
+    }
+}
+
+TEST(Sampler, ARowWithoutWhatItNeedsIsAnError) {
+  SamplingParams p;
+  p.temperature = 0;
+  Sampler s(p, {});
+  EXPECT_THROW(s.sample(model::RowLogits{}, false), Error);
+}
+
+TEST(SelectFromRow, OrdersByValueThenIdSkipsNanAndFoldsNegativeZero) {
+  const std::vector<float> row = {1.0f, NAN, 3.0f, -0.0f, 3.0f, 0.0f, -INFINITY, 2.0f};
+  std::vector<model::TopLogit> top;
+  model::LogSumExp lse;
+  model::select_from_row(row, 6, top, &lse);
+  const std::vector<std::pair<float, int32_t>> want = {
+      {3.0f, 2}, {3.0f, 4}, {2.0f, 7}, {1.0f, 0}, {0.0f, 3}, {0.0f, 5}};
+  ASSERT_EQ(top.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(top[i].value, want[i].first) << i;
+    EXPECT_FALSE(std::signbit(top[i].value)) << i;
+    EXPECT_EQ(top[i].id, want[i].second) << i;
+  }
+  EXPECT_EQ(lse.max, 3.0f);
+  const double z = std::exp(-2.0) + 2 * 1 + 2 * std::exp(-3.0) + std::exp(-1.0);
+  EXPECT_DOUBLE_EQ(lse.sum, z);
+  model::select_from_row(row, 100, top, nullptr);  // more than the row holds
+  EXPECT_EQ(top.size(), 7u);                       // every non-NaN entry
 }
 
 TEST(Rng, KnownSequenceIsStable) {

@@ -9,7 +9,8 @@
 # BUILD_DIR: a -DFERRY_CUDA=ON build (built there if it has no ferry).
 # OUT_DIR (default $OUT or /tmp/ferry-gpu-bench): one JSON per run.
 # Environment: SHAPE (llama-3.1-8b), TYPES (bf16), RUNS (which groups:
-# single,batch,kv,hf), BATCHES (64,256), MODES (deterministic,fast), KV_Q8
+# single,batch,kv,hf), BATCHES (64,256), MODES (deterministic,fast; also
+# nographs: deterministic without CUDA graphs), KV_Q8
 # (set: also 8-bit KV at 4k).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -57,14 +58,19 @@ for t in ${types//,/ }; do
   fi
   for mode in $(echo "${MODES:-deterministic,fast}" | tr , ' '); do
     tag=$t-$mode
-    [[ $mode == fast ]] && mode=no-deterministic
+    case $mode in
+      deterministic) flags=(--deterministic) ;;
+      fast) flags=(--no-deterministic) ;;
+      nographs) flags=(--deterministic --no-cuda-graphs) ;;  # kernel by kernel
+      *) echo "unknown mode $mode (deterministic, fast, nographs)" >&2; exit 2 ;;
+    esac
     if has single; then
-      fb "$tag-single" -m "$model" --$mode --requests 3 --concurrency 1 --warmup 1 \
+      fb "$tag-single" -m "$model" "${flags[@]}" --requests 3 --concurrency 1 --warmup 1 \
         --prompt-tokens 128 --output-tokens 128
     fi
     if has batch; then
       for b in ${batches//,/ }; do
-        fb "$tag-c$b" -m "$model" --$mode --requests "$b" --concurrency "$b" --warmup 4 \
+        fb "$tag-c$b" -m "$model" "${flags[@]}" --requests "$b" --concurrency "$b" --warmup 4 \
           --prompt-tokens 128 --output-tokens 128 --max-batch "$b" --step-tokens 8192 \
           --prefill-chunk 128 --step-target-ms 0
       done
