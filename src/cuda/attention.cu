@@ -16,10 +16,11 @@
 // never on the other jobs or the grid, so a query's output is bit-identical
 // alone or in any batch.
 //
-// Bandwidth: K and V bytes are read once per (job, kv head). With few jobs
-// (single-stream decode) only n_kv_heads blocks run, so long contexts are
-// latency-bound; a fixed split over keys with a second merge pass (needs a
-// workspace) is the next step there.
+// Bandwidth: K and V bytes are read once per (job, kv head); with few jobs
+// (single-stream decode) a block takes one query head instead (kFewJobs),
+// reading K/V once per head for n_heads blocks in parallel. Long contexts
+// stay latency-bound there; a fixed split over keys with a second merge
+// pass (needs a workspace) is the next step.
 #include <algorithm>
 
 #include "cuda/common_impl.cuh"
@@ -96,8 +97,10 @@ __device__ __forceinline__ void decode_run(const SideView& s, size_t j, uint32_t
 // kG: query heads per block (rounded-up power of two, <= 8); kE: output
 // dimensions per lane (2, 4 or 8: the smallest with D <= 32 * kE).
 // Dynamic shared memory: q [kG][D], acc [kG][D], m [kG], l [kG] floats.
+// Two blocks per SM: without the bound the kG = 4 variant took 169
+// registers (one block, 8 warps per SM) and decode steps were latency-bound.
 template <int kG, int kE>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, 2)
     attention_kernel(const AttentionJob* jobs, uint32_t n_heads, uint32_t group_heads, uint32_t D,
                      float scale) {
   extern __shared__ __align__(16) float smem[];
@@ -251,10 +254,17 @@ void launch(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionSha
   FERRY_CUDA_LAUNCHED("attention_kernel");
 }
 
+// Below this many jobs a block takes one query head, not the GQA group:
+// a head's arithmetic is the same in every variant (the kG heads of a block
+// are computed independently, each in the order above), so this only trades
+// K/V re-reads for parallelism (single-stream decode: 32 blocks, not 8).
+constexpr size_t kFewJobs = 32;
+
 template <int kE>
 void launch_e(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& s,
               uint32_t group_heads, cudaStream_t stream) {
-  if (group_heads == 1) return launch<1, kE>(jobs, n_jobs, s, group_heads, stream);
+  if (group_heads == 1 || n_jobs < kFewJobs)
+    return launch<1, kE>(jobs, n_jobs, s, group_heads, stream);
   if (group_heads == 2) return launch<2, kE>(jobs, n_jobs, s, group_heads, stream);
   if (group_heads <= 4) return launch<4, kE>(jobs, n_jobs, s, group_heads, stream);
   return launch<8, kE>(jobs, n_jobs, s, group_heads, stream);

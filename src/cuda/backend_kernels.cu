@@ -20,7 +20,43 @@ __global__ void f32_to_f16_kernel(const float* __restrict__ x, size_t n, __half*
     out[i] = __float2half_rn(x[i]);
 }
 
+template <class Job>
+__global__ void expand_kernel(const Job* __restrict__ base, size_t n,
+                              const PlaneShift* __restrict__ shifts, size_t total,
+                              Job* __restrict__ out) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < total;
+       i += size_t{gridDim.x} * blockDim.x) {
+    Job j = base[i % n];
+    const PlaneShift s = shifts[i / n];
+    for (int p = 0; p < 3; ++p) {
+      if (j.k.plane[p]) j.k.plane[p] += s.k[p];
+      if (j.v.plane[p]) j.v.plane[p] += s.v[p];
+    }
+    out[i] = j;
+  }
+}
+
+template <class Job>
+void expand(const Job* base, size_t n, const PlaneShift* shifts, size_t layers, Job* out,
+            cudaStream_t stream) {
+  const size_t total = n * layers;
+  if (total == 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((total + 127) / 128, 65535));
+  expand_kernel<Job><<<blocks, 128, 0, stream>>>(base, n, shifts, total, out);
+  check(cudaGetLastError(), "expand_jobs", __FILE__, __LINE__);
+}
+
 }  // namespace
+
+void expand_jobs(const KvWrite* base, size_t n, const PlaneShift* shifts, size_t layers,
+                 KvWrite* out, cudaStream_t stream) {
+  expand(base, n, shifts, layers, out, stream);
+}
+
+void expand_jobs(const AttentionJob* base, size_t n, const PlaneShift* shifts, size_t layers,
+                 AttentionJob* out, cudaStream_t stream) {
+  expand(base, n, shifts, layers, out, stream);
+}
 
 void gather_rows(const float* x, const uint32_t* rows, size_t n_rows, size_t dim, float* out,
                  cudaStream_t stream) {

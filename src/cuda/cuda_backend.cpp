@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "cuda/cuda_internal.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/step_profile.h"
 
 namespace ferry::cuda {
 
@@ -115,10 +116,10 @@ struct Growable {
   void* get(size_t bytes, cudaStream_t stream) {
     if (bytes > size) {
       FERRY_CUDA_CHECK(cudaStreamSynchronize(stream));
+      const size_t grown = std::max(bytes, size * 2);
       cudaFree(ptr);
       ptr = nullptr;
       size = 0;
-      const size_t grown = std::max(bytes, size * 2);
       ptr = device_alloc(grown);
       size = grown;
     }
@@ -145,10 +146,12 @@ class CudaBackend final : public model::Backend {
     FERRY_CUDA_CHECK(cudaGetDeviceProperties(&prop, opts.device));
     name_ = std::string("cuda:") + std::to_string(opts.device) + " (" + prop.name + ")";
     kv_alloc_ = std::make_shared<DeviceKvAllocator>(stream_);
+    if (StepProfile::requested()) profile_ = std::make_unique<StepProfile>(stream_);
   }
 
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    profile_.reset();  // prints its summary
     for (auto& [key, g] : graphs_)
       if (g.exec) cudaGraphExecDestroy(g.exec);
     for (void* p : owned_) cudaFree(p);
@@ -195,6 +198,10 @@ class CudaBackend final : public model::Backend {
       out[i] = p;
       p += rounded(sizes[i]);
     }
+    shifts_state_ = 0;
+    step_writes_ = nullptr;
+    step_jobs_ = nullptr;
+    if (profile_) profile_->begin_step();  // (before a capture starts)
     begin_graph(sizes);
   }
 
@@ -202,12 +209,14 @@ class CudaBackend final : public model::Backend {
              float* out) override {
     const int32_t* tokens = upload(host_tokens);
     if (replaying()) return;
+    mark("embed");
     cuda::embed(table.data, table.type, table.n_in, tokens, host_tokens.size(), out, stream_);
   }
 
   void rmsnorm(const float* x, const float* w, size_t n_rows, size_t dim, float eps,
                float* out) override {
     if (replaying()) return;
+    mark("rmsnorm");
     cuda::rmsnorm(x, w, n_rows, dim, eps, out, stream_);
   }
 
@@ -224,6 +233,7 @@ class CudaBackend final : public model::Backend {
   void matmul_many(std::span<const kernels::WeightView> ws, const float* x, size_t n_rows,
                    std::span<float* const> ys) override {
     if (replaying()) return;
+    mark("matmul");
     const uint16_t* xb = nullptr;  // x in bf16, made on first use
     for (size_t i = 0; i < ws.size(); ++i) {
       const kernels::WeightView& w = ws[i];
@@ -254,17 +264,20 @@ class CudaBackend final : public model::Backend {
       staged_pos_n_ = host_pos.size();
     }
     if (replaying()) return;
+    mark("rope");
     const int32_t* pos = staged_pos_;
     cuda::rope(x, host_pos.size(), n_heads, head_dim, pos, inv_freq, stream_);
   }
 
   void silu_mul(float* gate, const float* up, size_t n) override {
     if (replaying()) return;
+    mark("silu_mul");
     cuda::silu_mul(gate, up, n, stream_);
   }
 
   void add_inplace(float* x, const float* y, size_t n) override {
     if (replaying()) return;
+    mark("add");
     cuda::add_inplace(x, y, n, stream_);
   }
 
@@ -273,40 +286,92 @@ class CudaBackend final : public model::Backend {
     std::vector<uint32_t> rows(host_rows.begin(), host_rows.end());
     const uint32_t* d_rows = upload(std::span<const uint32_t>(rows));
     if (replaying()) return;
+    mark("gather_rows");
     cuda::gather_rows(x, d_rows, rows.size(), dim, out, stream_);
   }
 
+  // A step's K/V writes and attention jobs differ between layers only in
+  // where each layer's planes are. When every layer has the same layout
+  // (no windows, same formats), the lists are built on the host once per
+  // step, for the first layer asked, and expanded for every layer on the
+  // device (expand_jobs); otherwise each layer builds its own.
   void kv_write(kv::BatchKv& kv, size_t layer, std::span<const model::TokenPlace> places,
                 const float* k, const float* v) override {
-    writes_.resize(places.size());
-    for (size_t t = 0; t < places.size(); ++t) {
-      const kv::BatchKv::WriteTarget w = kv.write_target(layer, places[t].row, places[t].i);
-      writes_[t] = KvWrite{w.k, w.v, static_cast<uint32_t>(w.slot), static_cast<uint32_t>(t)};
+    n_tokens_ = places.size();
+    const KvWrite* d = nullptr;
+    if (step_writes_ || layer_shifts(kv, places)) {
+      if (!step_writes_) {
+        writes_.resize(places.size());
+        for (size_t t = 0; t < places.size(); ++t) {
+          const kv::BatchKv::WriteTarget w =
+              kv.write_target(shift_base_, places[t].row, places[t].i);
+          writes_[t] = KvWrite{w.k, w.v, static_cast<uint32_t>(w.slot), static_cast<uint32_t>(t)};
+        }
+        const KvWrite* base = upload(std::span<const KvWrite>(writes_));
+        auto* all = static_cast<KvWrite*>(
+            step_writes_buf_.get(shifts_.size() * places.size() * sizeof(KvWrite), stream_));
+        step_writes_ = all;
+        if (!replaying()) {
+          mark("expand_jobs");
+          expand_jobs(base, places.size(), shifts_dev_, shifts_.size(), all, stream_);
+        }
+      }
+      d = step_writes_ + layer * places.size();
+    } else {
+      writes_.resize(places.size());
+      for (size_t t = 0; t < places.size(); ++t) {
+        const kv::BatchKv::WriteTarget w = kv.write_target(layer, places[t].row, places[t].i);
+        writes_[t] = KvWrite{w.k, w.v, static_cast<uint32_t>(w.slot), static_cast<uint32_t>(t)};
+      }
+      d = upload(std::span<const KvWrite>(writes_));
     }
-    const KvWrite* d = upload(std::span<const KvWrite>(writes_));
     if (replaying()) return;
-    cuda::kv_store(d, writes_.size(), kv.spec().n_kv_heads, kv.spec().head_dim, k, v, stream_);
+    mark("kv_write");
+    cuda::kv_store(d, places.size(), kv.spec().n_kv_heads, kv.spec().head_dim, k, v, stream_);
   }
 
   void attention(const kv::BatchKv& kv, size_t layer, std::span<const model::TokenPlace> places,
                  const kernels::AttentionShape& shape, const float* q, float* out) override {
     const size_t q_dim = shape.n_heads * shape.head_dim;
-    jobs_.resize(places.size());
-    for (size_t t = 0; t < places.size(); ++t) {
-      kernels::KvSide ks, vs;
-      const kernels::AttentionTask task =
-          kv.attention_task(layer, places[t].row, places[t].i, &ks, &vs);
-      AttentionJob& j = jobs_[t];
-      j.q = q + t * q_dim;
-      j.out = out + t * q_dim;
-      j.k = ks;
-      j.v = vs;
-      j.seg[0] = task.seg[0];
-      j.seg[1] = task.seg[1];
+    auto build = [&](size_t from_layer) {
+      jobs_.resize(places.size());
+      for (size_t t = 0; t < places.size(); ++t) {
+        kernels::KvSide ks, vs;
+        const kernels::AttentionTask task =
+            kv.attention_task(from_layer, places[t].row, places[t].i, &ks, &vs);
+        AttentionJob& j = jobs_[t];
+        j.q = q + t * q_dim;
+        j.out = out + t * q_dim;
+        j.k = ks;
+        j.v = vs;
+        j.seg[0] = task.seg[0];
+        j.seg[1] = task.seg[1];
+      }
+      return upload(std::span<const AttentionJob>(jobs_));
+    };
+    const AttentionJob* d = nullptr;
+    // The expanded list holds this step's q and out: reuse it only for them.
+    if ((step_jobs_ && step_jobs_q_ == q && step_jobs_out_ == out) ||
+        (!step_jobs_ && layer_shifts(kv, places))) {
+      if (!step_jobs_) {
+        const AttentionJob* base = build(shift_base_);
+        auto* all = static_cast<AttentionJob*>(
+            step_jobs_buf_.get(shifts_.size() * places.size() * sizeof(AttentionJob), stream_));
+        step_jobs_ = all;
+        step_jobs_q_ = q;
+        step_jobs_out_ = out;
+        if (!replaying()) {
+          mark("expand_jobs");
+          expand_jobs(base, places.size(), shifts_dev_, shifts_.size(), all, stream_);
+        }
+      }
+      d = step_jobs_ + layer * places.size();
+    } else {
+      d = build(layer);
     }
-    const AttentionJob* d = upload(std::span<const AttentionJob>(jobs_));
     if (replaying()) return;
-    cuda::attention(d, jobs_.size(), shape, stream_);
+    mark("attention");
+    cuda::attention(d, places.size(), shape, stream_);
   }
 
   // Greedy and top-k rows reduce on the device (select_logits) and copy
@@ -316,6 +381,10 @@ class CudaBackend final : public model::Backend {
                std::span<const model::OutputNeed> needs, model::StepOutputs& out) override {
     end_graph();
     if (needs.empty()) return Backend::outputs(logits, n_out, vocab, needs, out);
+    if (profile_) {
+      profile_->shape(n_tokens_, n_out);
+      profile_->before_wait();
+    }
     out.vocab = vocab;
     out.full_row.resize(n_out);
     size_t n_full = 0, stride = 0;
@@ -375,6 +444,7 @@ class CudaBackend final : public model::Backend {
       }
     }
     FERRY_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (profile_) profile_->end_step();
     for (size_t o = 0; o < n_out; ++o) {
       if (select_jobs_[o].top_n > 0) out.top_count[o] = select_count_[o];
       if (select_jobs_[o].lse) out.lse[o] = model::LogSumExp{lse_max_[o], lse_sum_[o]};
@@ -445,6 +515,7 @@ class CudaBackend final : public model::Backend {
       FERRY_CUDA_CHECK(cudaMallocHost(&pinned_, grown));
       pinned_size_ = grown;
       staging_.get(grown, stream_);
+      staged_pos_ = nullptr;  // it pointed into the old staging
     }
     uint8_t* h = static_cast<uint8_t*>(pinned_) + at;
     uint8_t* d = static_cast<uint8_t*>(staging_.ptr) + at;
@@ -457,17 +528,67 @@ class CudaBackend final : public model::Backend {
     return reinterpret_cast<const T*>(d);
   }
 
+  // Whether this step's job lists can be built once and expanded per layer
+  // (see kv_write): decided at the step's first kv_write or attention, which
+  // also uploads the layers' plane shifts relative to shift_base_.
+  bool layer_shifts(const kv::BatchKv& kv, std::span<const model::TokenPlace> places) {
+    if (shifts_state_ != 0) return shifts_state_ > 0;
+    shifts_state_ = -1;
+    const kv::KvSpec& spec = kv.spec();
+    if (places.empty() || kv.rows() == 0 || spec.layers.empty()) return false;
+    for (const auto& l : spec.layers)
+      if (l.window != 0 || !(l.k == spec.layers[0].k) || !(l.v == spec.layers[0].v)) return false;
+    shift_base_ = 0;
+    const size_t last_row = kv.rows() - 1;
+    auto sides = [&](size_t layer, size_t row, kernels::KvSide& k, kernels::KvSide& v) {
+      (void)kv.attention_task(layer, row, 0, &k, &v);
+    };
+    kernels::KvSide k0, v0, k0l, v0l;
+    sides(0, 0, k0, v0);
+    sides(0, last_row, k0l, v0l);
+    shifts_.assign(spec.layers.size(), PlaneShift{});
+    auto same_layout = [](const kernels::KvSide& a, const kernels::KvSide& b) {
+      for (int p = 0; p < 3; ++p)
+        if ((a.plane[p] == nullptr) != (b.plane[p] == nullptr) ||
+            a.head_stride[p] != b.head_stride[p] || a.unit[p] != b.unit[p])
+          return false;
+      return a.format == b.format;
+    };
+    for (size_t l = 0; l < spec.layers.size(); ++l) {
+      kernels::KvSide k, v, kl, vl;
+      sides(l, 0, k, v);
+      sides(l, last_row, kl, vl);
+      if (!same_layout(k, k0) || !same_layout(v, v0)) return false;
+      for (int p = 0; p < 3; ++p) {
+        if (!k0.plane[p]) continue;
+        const int64_t dk = k.plane[p] - k0.plane[p], dv = v.plane[p] - v0.plane[p];
+        // The same shift for the last row too: the layer is laid out as layer 0.
+        if (kl.plane[p] - k0l.plane[p] != dk || vl.plane[p] - v0l.plane[p] != dv) return false;
+        shifts_[l].k[p] = dk;
+        shifts_[l].v[p] = dv;
+      }
+    }
+    shifts_dev_ = upload(std::span<const PlaneShift>(shifts_));
+    shifts_state_ = 1;
+    return true;
+  }
+
   // --- CUDA graphs (one per step shape) ---
   enum class Mode { Direct, Capture, Replay };
   struct Graph {
     int direct_runs = 0;
     cudaGraphExec_t exec = nullptr;
     // The buffers the graph's nodes point into, as when it was captured.
-    const void *arena = nullptr, *staging = nullptr, *pinned = nullptr, *xtc = nullptr;
+    const void *arena = nullptr, *staging = nullptr, *pinned = nullptr, *xtc = nullptr,
+               *writes = nullptr, *jobs = nullptr;
   };
   static constexpr size_t kMaxGraphs = 300, kMaxShapesSeen = 4096;
 
   bool replaying() const { return mode_ == Mode::Replay; }
+  // Profiling: an event before each op run kernel by kernel.
+  void mark(const char* op) {
+    if (profile_ && mode_ == Mode::Direct) profile_->mark(op);
+  }
 
   // Called at a step's start with its activation sizes (its shape): replay
   // the shape's graph if its buffers are where they were, capture it on the
@@ -486,7 +607,8 @@ class CudaBackend final : public model::Backend {
     }
     Graph& g = it->second;
     const bool same_buffers = g.arena == arena_.ptr && g.staging == staging_.ptr &&
-                              g.pinned == pinned_ && g.xtc == xtc_.ptr;
+                              g.pinned == pinned_ && g.xtc == xtc_.ptr &&
+                              g.writes == step_writes_buf_.ptr && g.jobs == step_jobs_buf_.ptr;
     if (g.exec && same_buffers) {
       mode_ = Mode::Replay;
       graph_ = &g;
@@ -527,6 +649,8 @@ class CudaBackend final : public model::Backend {
       graph_->staging = staging_.ptr;
       graph_->pinned = pinned_;
       graph_->xtc = xtc_.ptr;
+      graph_->writes = step_writes_buf_.ptr;
+      graph_->jobs = step_jobs_buf_.ptr;
       ++n_graphs_;
     }
     if (mode_ != Mode::Direct) FERRY_CUDA_CHECK(cudaGraphLaunch(graph_->exec, stream_));
@@ -547,6 +671,18 @@ class CudaBackend final : public model::Backend {
   std::vector<AttentionJob> jobs_;
   std::vector<SelectJob> select_jobs_;
   Mode mode_ = Mode::Direct;
+  // This step's per-layer job lists (layer_shifts).
+  int shifts_state_ = 0;  // 0: undecided, 1: expand, -1: per layer
+  size_t shift_base_ = 0;
+  std::vector<PlaneShift> shifts_;
+  const PlaneShift* shifts_dev_ = nullptr;
+  Growable step_writes_buf_, step_jobs_buf_;
+  KvWrite* step_writes_ = nullptr;
+  AttentionJob* step_jobs_ = nullptr;
+  const float* step_jobs_q_ = nullptr;
+  const float* step_jobs_out_ = nullptr;
+  std::unique_ptr<StepProfile> profile_;
+  size_t n_tokens_ = 0;  // this step's token rows
   Graph* graph_ = nullptr;
   std::map<std::vector<size_t>, Graph> graphs_;
   std::vector<size_t> key_;

@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda/cuda_ops.h"
+
 namespace ferry::cuda {
 
 // out[i, :] = x[rows[i], :] for rows of `dim` floats.
@@ -15,5 +17,18 @@ void gather_rows(const float* x, const uint32_t* rows, size_t n_rows, size_t dim
 
 // out[i] = f16(x[i]) (round to nearest even), for cuBLAS's f16 operands.
 void f32_to_f16(const float* x, size_t n, uint16_t* out, cudaStream_t stream);
+
+// How one layer's KV planes sit relative to another's with the same
+// layout: a byte offset per plane of each side.
+struct PlaneShift {
+  int64_t k[3] = {0, 0, 0}, v[3] = {0, 0, 0};
+};
+// out[l * n + t] = base[t] with its planes moved by shifts[l], for every
+// layer l < layers: a step's per-layer job lists made on the device from
+// one list built on the host.
+void expand_jobs(const KvWrite* base, size_t n, const PlaneShift* shifts, size_t layers,
+                 KvWrite* out, cudaStream_t stream);
+void expand_jobs(const AttentionJob* base, size_t n, const PlaneShift* shifts, size_t layers,
+                 AttentionJob* out, cudaStream_t stream);
 
 }  // namespace ferry::cuda

@@ -225,13 +225,13 @@ TEST(GpuOutputs, ReducedStepsMatchWholeRows) {
 // replay), then a row leaves (a new shape) and the cache grows past its
 // first allocation while graphs replay.
 TEST(GpuGraphs, ReplayedStepsMatchDirectOnes) {
-  const std::string path = test::data_path("models/tiny-llama3-f32.gguf");
+  const std::string path = test::data_path("models/tiny-llama-q4_k.gguf");
   auto direct = gpu_model(path, true, false);
   auto graphed = gpu_model(path, true, true);
   ThreadPool pool(2);
   kernels::Context ctx{&pool, best_cpu_path()};
   const kv::KvSpec spec =
-      direct->config().kv_spec(kernels::KvFormat::affine(4, 32), kernels::KvFormat::f16());
+      direct->config().kv_spec(kernels::KvFormat::affine(4, 64), kernels::KvFormat::f16());
   kv::BatchKv a(spec, direct->kv_allocator()), b(spec, graphed->kv_allocator());
   const std::vector<std::vector<int32_t>> prompts = {{5, 9, 2, 7}, {3, 1}, {8, 8, 8, 1, 2}};
   std::vector<size_t> lens;
