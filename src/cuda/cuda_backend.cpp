@@ -155,7 +155,9 @@ class CudaBackend final : public model::Backend {
     for (auto& [key, g] : graphs_)
       if (g.exec) cudaGraphExecDestroy(g.exec);
     for (void* p : owned_) cudaFree(p);
+    release_retired();
     cudaFreeHost(pinned_);
+    cudaFree(staging_dev_);
     cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
   }
@@ -189,6 +191,8 @@ class CudaBackend final : public model::Backend {
     abandon_graph();  // a step that failed mid-capture left its capture open
     FERRY_CUDA_CHECK(cudaStreamSynchronize(stream_));
     staged_ = 0;
+    used_in_step_ = 0;
+    release_retired();
     staged_pos_ = nullptr;
     auto rounded = [](size_t n) { return (n + 63) / 64 * 64; };  // 256-byte aligned
     size_t total = 0;
@@ -498,27 +502,32 @@ class CudaBackend final : public model::Backend {
   }
 
   // Copies a small host array to device memory for the next kernel,
-  // through pinned staging (reset at each step's start).
+  // through pinned staging (reset at each step's start). Pointers it
+  // returned stay valid for the whole step: a full chunk is retired, not
+  // freed, and a new one twice the step's usage so far takes over; retired
+  // chunks are freed at the next step's start (after its synchronisation),
+  // by when the current chunk holds a whole step of this size.
   template <class T>
   const T* upload(std::span<const T> host) {
-    const size_t bytes = host.size_bytes(), at = (staged_ + 255) / 256 * 256;
+    const size_t bytes = host.size_bytes();
+    size_t at = (staged_ + 255) / 256 * 256;
     if (at + bytes > pinned_size_) {
       // A graph's copies read fixed staging addresses; a shape is captured
       // only after a direct step of it sized the staging (begin_graph).
       FERRY_CHECK(mode_ == Mode::Direct, "cuda", "staging grew inside a captured step");
-      // Growing invalidates staged copies: wait for the kernels using them.
-      FERRY_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      const size_t grown = std::max<size_t>(2 * (at + bytes), size_t{1} << 20);
-      cudaFreeHost(pinned_);
+      const size_t grown = std::max<size_t>(2 * (used_in_step_ + at + bytes), size_t{1} << 20);
+      if (pinned_) retired_.push_back({pinned_, staging_dev_});
+      used_in_step_ += at;
       pinned_ = nullptr;
+      staging_dev_ = nullptr;
       pinned_size_ = 0;
       FERRY_CUDA_CHECK(cudaMallocHost(&pinned_, grown));
+      staging_dev_ = device_alloc(grown);
       pinned_size_ = grown;
-      staging_.get(grown, stream_);
-      staged_pos_ = nullptr;  // it pointed into the old staging
+      at = 0;
     }
     uint8_t* h = static_cast<uint8_t*>(pinned_) + at;
-    uint8_t* d = static_cast<uint8_t*>(staging_.ptr) + at;
+    uint8_t* d = static_cast<uint8_t*>(staging_dev_) + at;
     if (bytes > 0) {
       std::memcpy(h, host.data(), bytes);
       if (!replaying())  // a replayed graph copies it
@@ -606,7 +615,7 @@ class CudaBackend final : public model::Backend {
       it = graphs_.emplace(key_, Graph{}).first;
     }
     Graph& g = it->second;
-    const bool same_buffers = g.arena == arena_.ptr && g.staging == staging_.ptr &&
+    const bool same_buffers = g.arena == arena_.ptr && g.staging == staging_dev_ &&
                               g.pinned == pinned_ && g.xtc == xtc_.ptr &&
                               g.writes == step_writes_buf_.ptr && g.jobs == step_jobs_buf_.ptr;
     if (g.exec && same_buffers) {
@@ -646,7 +655,7 @@ class CudaBackend final : public model::Backend {
       cudaGraphDestroy(graph);
       FERRY_CUDA_CHECK(e);
       graph_->arena = arena_.ptr;
-      graph_->staging = staging_.ptr;
+      graph_->staging = staging_dev_;
       graph_->pinned = pinned_;
       graph_->xtc = xtc_.ptr;
       graph_->writes = step_writes_buf_.ptr;
@@ -664,9 +673,23 @@ class CudaBackend final : public model::Backend {
   cublasHandle_t blas_ = nullptr;
   std::shared_ptr<DeviceKvAllocator> kv_alloc_;
   std::vector<void*> owned_;  // weights and vectors
-  Growable arena_, staging_, dequant_, xconv_, xtc_, select_;
+  Growable arena_, dequant_, xconv_, xtc_, select_;
+  // Staging for uploads: pinned host memory and its device twin.
   void* pinned_ = nullptr;
-  size_t pinned_size_ = 0, staged_ = 0;
+  void* staging_dev_ = nullptr;
+  size_t pinned_size_ = 0, staged_ = 0, used_in_step_ = 0;
+  struct Chunk {
+    void* pinned;
+    void* dev;
+  };
+  std::vector<Chunk> retired_;  // chunks outgrown this step
+  void release_retired() {
+    for (const Chunk& c : retired_) {
+      cudaFreeHost(c.pinned);
+      cudaFree(c.dev);
+    }
+    retired_.clear();
+  }
   std::vector<KvWrite> writes_;
   std::vector<AttentionJob> jobs_;
   std::vector<SelectJob> select_jobs_;

@@ -266,6 +266,37 @@ TEST(GpuGraphs, ReplayedStepsMatchDirectOnes) {
   }
 }
 
+// A step large enough to outgrow the backend's staging mid-step (40 rows of
+// 200 prompt tokens: megabytes of job lists) gives every row the logits it
+// gets alone, bit for bit.
+TEST(GpuLargeStep, RowsMatchSoloAcrossStagingGrowth) {
+  const std::string path = test::data_path("models/tiny-llama3-f32.gguf");
+  auto gpu = gpu_model(path);
+  ThreadPool pool(2);
+  kernels::Context ctx{&pool, best_cpu_path()};
+  const kv::KvSpec spec = gpu->config().kv_spec(kernels::KvFormat::f16(), kernels::KvFormat::f16());
+  const size_t rows = 40, len = 200, V = gpu->config().vocab_size;
+  std::mt19937 rng(9);
+  std::vector<std::vector<int32_t>> prompts(rows, std::vector<int32_t>(len));
+  for (auto& p : prompts)
+    for (auto& t : p) t = static_cast<int32_t>(rng() % V);
+  kv::BatchKv big(spec, gpu->kv_allocator());
+  big.prepare_prefill(std::vector<size_t>(rows, len));
+  std::vector<RowInput> in;
+  for (const auto& p : prompts) in.push_back(RowInput{p});
+  std::vector<float> all;
+  gpu->forward(ctx, big, in, all);
+  ASSERT_EQ(all.size(), rows * V);
+  for (size_t r = 0; r < rows; r += 13) {
+    kv::BatchKv solo(spec, gpu->kv_allocator());
+    solo.prepare_prefill(std::vector<size_t>{len});
+    std::vector<float> one;
+    const RowInput row{prompts[r]};
+    gpu->forward(ctx, solo, std::span<const RowInput>(&row, 1), one);
+    ASSERT_EQ(std::memcmp(one.data(), &all[r * V], V * sizeof(float)), 0) << "row " << r;
+  }
+}
+
 // Row operations on device memory leave the same bytes as on the host: the
 // same K/V rows written through each backend's kv_write (byte-identical
 // encoders), then the same operations on both caches, then every valid
