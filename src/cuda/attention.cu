@@ -24,6 +24,7 @@
 #include <algorithm>
 
 #include "cuda/common_impl.cuh"
+#include "cuda/cuda_internal.h"
 
 namespace ferry::cuda {
 namespace {
@@ -94,15 +95,120 @@ __device__ __forceinline__ void decode_run(const SideView& s, size_t j, uint32_t
   }
 }
 
+// One query's running softmax state for kG heads as one warp holds it: m
+// and l are warp-uniform, acc[h][e] is output dimension d0 + e of the lane.
+template <int kG, int kE>
+struct State {
+  float m[kG], l[kG], acc[kG][kE];
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int h = 0; h < kG; ++h) {
+      m[h] = -INFINITY;
+      l[h] = 0.0f;
+#pragma unroll
+      for (int e = 0; e < kE; ++e) acc[h][e] = 0.0f;
+    }
+  }
+};
+
+// The keys of one job as the kernels walk them (logical index n over
+// seg[0] then seg[1]).
+struct Keys {
+  size_t b0, len0, b1, n;
+  __device__ void init(const AttentionJob& job) {
+    b0 = job.seg[0].begin;
+    len0 = job.seg[0].end - job.seg[0].begin;
+    b1 = job.seg[1].begin;
+    n = len0 + (job.seg[1].end - job.seg[1].begin);
+  }
+  __device__ __forceinline__ size_t slot(size_t i) const { return i < len0 ? b0 + i : b1 + (i - len0); }
+};
+
+// One tile of 32 keys from t0 into a warp's state: lane l scores key
+// t0 + l for every head (canonical chunks of 16, FMA in element order, q
+// from shared memory q_s[kG][D]), the warp updates the online softmax (max
+// and sum by fixed butterflies), then walks the tile's keys in order with
+// each lane accumulating p * V for its kE dimensions.
+template <int kG, int kE>
+__device__ __forceinline__ void tile(const float* q_s, const SideView& K, const SideView& V,
+                                     const Keys& keys, size_t t0, uint32_t D, float scale,
+                                     int lane, State<kG, kE>& st) {
+  const uint32_t d0 = lane * kE;
+  const bool v_lane = d0 < D;
+  const size_t n = t0 + lane;
+  const bool valid = n < keys.n;
+  float s[kG];
+#pragma unroll
+  for (int h = 0; h < kG; ++h) s[h] = 0.0f;
+  if (valid) {
+    const size_t j = keys.slot(n);
+#pragma unroll 2
+    for (uint32_t c = 0; c < D; c += 16) {
+      float kv[16];
+      decode_run<16>(K, j, c, kv);
+#pragma unroll
+      for (int h = 0; h < kG; ++h) {
+        const float4* q4 = reinterpret_cast<const float4*>(q_s + h * D + c);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float4 qv = q4[e];
+          s[h] = __fmaf_rn(qv.x, kv[4 * e], s[h]);
+          s[h] = __fmaf_rn(qv.y, kv[4 * e + 1], s[h]);
+          s[h] = __fmaf_rn(qv.z, kv[4 * e + 2], s[h]);
+          s[h] = __fmaf_rn(qv.w, kv[4 * e + 3], s[h]);
+        }
+      }
+    }
+  }
+  // Online softmax over the tile (every lane ends with the same m, l).
+  float p[kG];
+#pragma unroll
+  for (int h = 0; h < kG; ++h) {
+    const float sc = valid ? __fmul_rn(s[h], scale) : -INFINITY;
+    const float m_new = fmaxf(st.m[h], warp_max(sc));  // finite: the tile has a key
+    const float corr = expf(st.m[h] - m_new);          // 0 on the first tile (m = -inf)
+    p[h] = valid ? expf(sc - m_new) : 0.0f;
+    st.l[h] = __fadd_rn(__fmul_rn(st.l[h], corr), warp_sum(p[h]));
+    st.m[h] = m_new;
+#pragma unroll
+    for (int e = 0; e < kE; ++e) st.acc[h][e] = __fmul_rn(st.acc[h][e], corr);
+  }
+  // p * V over the tile's keys in order; lanes split the dimensions.
+  const int nt = static_cast<int>(min(size_t{32}, keys.n - t0));
+#pragma unroll 4
+  for (int t = 0; t < nt; ++t) {
+    float vv[kE];
+    if (v_lane) decode_run<kE>(V, keys.slot(t0 + t), d0, vv);
+#pragma unroll
+    for (int h = 0; h < kG; ++h) {
+      const float pt = __shfl_sync(0xffffffffu, p[h], t);
+      if (v_lane) {
+#pragma unroll
+        for (int e = 0; e < kE; ++e) st.acc[h][e] = __fmaf_rn(pt, vv[e], st.acc[h][e]);
+      }
+    }
+  }
+}
+
+// Folds a later warp's state into the running one (both empty: nothing to
+// fold, and -inf - -inf would be NaN).
+__device__ __forceinline__ void fold_weights(float m_run, float m_add, float& mm, float& a,
+                                             float& b) {
+  mm = fmaxf(m_run, m_add);
+  a = mm == -INFINITY ? 1.0f : expf(m_run - mm);
+  b = mm == -INFINITY ? 0.0f : expf(m_add - mm);
+}
+
 // kG: query heads per block (rounded-up power of two, <= 8); kE: output
 // dimensions per lane (2, 4 or 8: the smallest with D <= 32 * kE).
 // Dynamic shared memory: q [kG][D], acc [kG][D], m [kG], l [kG] floats.
+// Warp w runs tiles w, w + kWarps, ...; the warps' states are then folded
+// into warp 0's in the fixed order 1, 2, ..., kWarps - 1.
 // Two blocks per SM: without the bound the kG = 4 variant took 169
 // registers (one block, 8 warps per SM) and decode steps were latency-bound.
 template <int kG, int kE>
 __global__ void __launch_bounds__(kWarps * 32, 2)
-    attention_kernel(const AttentionJob* jobs, uint32_t n_heads, uint32_t group_heads, uint32_t D,
-                     float scale) {
+    attention_kernel(const AttentionJob* jobs, uint32_t group_heads, uint32_t D, float scale) {
   extern __shared__ __align__(16) float smem[];
   float* q_s = smem;
   float* acc_s = q_s + kG * D;
@@ -126,83 +232,18 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     q_s[i] = h < static_cast<uint32_t>(gh) ? job.q[size_t{h0 + h} * D + i % D] : 0.0f;
   }
   __syncthreads();
-  (void)n_heads;
 
   SideView K, V;
   K.init(job.k, kvh);
   V.init(job.v, kvh);
-  const size_t b0 = job.seg[0].begin, len0 = job.seg[0].end - job.seg[0].begin;
-  const size_t b1 = job.seg[1].begin;
-  const size_t n_keys = len0 + (job.seg[1].end - job.seg[1].begin);
-  auto slot_of = [&](size_t n) { return n < len0 ? b0 + n : b1 + (n - len0); };
-
+  Keys keys;
+  keys.init(job);
   const uint32_t d0 = lane * kE;  // this lane's output dims [d0, d0 + kE)
   const bool v_lane = d0 < D;
-  float m[kG], l[kG], acc[kG][kE];
-#pragma unroll
-  for (int h = 0; h < kG; ++h) {
-    m[h] = -INFINITY;
-    l[h] = 0.0f;
-#pragma unroll
-    for (int e = 0; e < kE; ++e) acc[h][e] = 0.0f;
-  }
-
-  for (size_t t0 = size_t{32} * warp; t0 < n_keys; t0 += size_t{32} * kWarps) {
-    const size_t n = t0 + lane;
-    const bool valid = n < n_keys;
-    // Scores of this lane's key: canonical chunks of 16, FMA in element order.
-    float s[kG];
-#pragma unroll
-    for (int h = 0; h < kG; ++h) s[h] = 0.0f;
-    if (valid) {
-      const size_t j = slot_of(n);
-#pragma unroll 2
-      for (uint32_t c = 0; c < D; c += 16) {
-        float kv[16];
-        decode_run<16>(K, j, c, kv);
-#pragma unroll
-        for (int h = 0; h < kG; ++h) {
-          const float4* q4 = reinterpret_cast<const float4*>(q_s + h * D + c);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float4 qv = q4[e];
-            s[h] = __fmaf_rn(qv.x, kv[4 * e], s[h]);
-            s[h] = __fmaf_rn(qv.y, kv[4 * e + 1], s[h]);
-            s[h] = __fmaf_rn(qv.z, kv[4 * e + 2], s[h]);
-            s[h] = __fmaf_rn(qv.w, kv[4 * e + 3], s[h]);
-          }
-        }
-      }
-    }
-    // Online softmax over the tile (every lane ends with the same m, l).
-    float p[kG];
-#pragma unroll
-    for (int h = 0; h < kG; ++h) {
-      const float sc = valid ? __fmul_rn(s[h], scale) : -INFINITY;
-      const float m_new = fmaxf(m[h], warp_max(sc));  // finite: the tile has a key
-      const float corr = expf(m[h] - m_new);          // 0 on the first tile (m = -inf)
-      p[h] = valid ? expf(sc - m_new) : 0.0f;
-      l[h] = __fadd_rn(__fmul_rn(l[h], corr), warp_sum(p[h]));
-      m[h] = m_new;
-#pragma unroll
-      for (int e = 0; e < kE; ++e) acc[h][e] = __fmul_rn(acc[h][e], corr);
-    }
-    // p * V over the tile's keys in order; lanes split the dimensions.
-    const int nt = static_cast<int>(min(size_t{32}, n_keys - t0));
-#pragma unroll 4
-    for (int t = 0; t < nt; ++t) {
-      float vv[kE];
-      if (v_lane) decode_run<kE>(V, slot_of(t0 + t), d0, vv);
-#pragma unroll
-      for (int h = 0; h < kG; ++h) {
-        const float pt = __shfl_sync(0xffffffffu, p[h], t);
-        if (v_lane) {
-#pragma unroll
-          for (int e = 0; e < kE; ++e) acc[h][e] = __fmaf_rn(pt, vv[e], acc[h][e]);
-        }
-      }
-    }
-  }
+  State<kG, kE> st;
+  st.init();
+  for (size_t t0 = size_t{32} * warp; t0 < keys.n; t0 += size_t{32} * kWarps)
+    tile<kG, kE>(q_s, K, V, keys, t0, D, scale, lane, st);
 
   // Fold warps into the shared state in order 0, 1, ..., kWarps - 1.
   for (int w = 0; w < kWarps; ++w) {
@@ -211,24 +252,22 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       for (int h = 0; h < kG; ++h) {
         if (w == 0) {
           if (lane == 0) {
-            m_s[h] = m[h];
-            l_s[h] = l[h];
+            m_s[h] = st.m[h];
+            l_s[h] = st.l[h];
           }
           if (v_lane)
-            for (int e = 0; e < kE; ++e) acc_s[h * D + d0 + e] = acc[h][e];
+            for (int e = 0; e < kE; ++e) acc_s[h * D + d0 + e] = st.acc[h][e];
         } else {
-          const float ms = m_s[h], mm = fmaxf(ms, m[h]);
-          // Both empty (-inf): nothing to fold, and -inf - -inf would be NaN.
-          const float a = mm == -INFINITY ? 1.0f : expf(ms - mm);
-          const float b = mm == -INFINITY ? 0.0f : expf(m[h] - mm);
+          float mm, a, b;
+          fold_weights(m_s[h], st.m[h], mm, a, b);
           if (v_lane)
             for (int e = 0; e < kE; ++e)
               acc_s[h * D + d0 + e] =
-                  __fadd_rn(__fmul_rn(acc_s[h * D + d0 + e], a), __fmul_rn(acc[h][e], b));
+                  __fadd_rn(__fmul_rn(acc_s[h * D + d0 + e], a), __fmul_rn(st.acc[h][e], b));
           __syncwarp();  // every lane read m_s before lane 0 rewrites it
           if (lane == 0) {
             m_s[h] = mm;
-            l_s[h] = __fadd_rn(__fmul_rn(l_s[h], a), __fmul_rn(l[h], b));
+            l_s[h] = __fadd_rn(__fmul_rn(l_s[h], a), __fmul_rn(st.l[h], b));
           }
         }
       }
@@ -242,15 +281,87 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   }
 }
 
+// The same arithmetic per job with one warp per job: the warp runs the
+// kWarps "virtual warps" of attention_kernel one after another (virtual
+// warp w: tiles w, w + kWarps, ...) and folds each into its running state
+// in the same order with the same operations, so every output is
+// bit-identical to attention_kernel's. A block's warps take consecutive
+// jobs, so a prompt chunk's queries (one cache row) share K/V through L1
+// instead of each job reading them alone: the variant for steps of many
+// jobs (prefill), where attention_kernel leaves warps idle on short rows.
+template <int kG, int kE>
+__global__ void __launch_bounds__(kWarps * 32, 2)
+    attention_warp_kernel(const AttentionJob* jobs, size_t n_jobs, uint32_t group_heads,
+                          uint32_t D, float scale) {
+  extern __shared__ __align__(16) float smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const size_t jid = size_t{blockIdx.x} * kWarps + warp;
+  if (jid >= n_jobs) return;  // no block-wide barrier below
+  float* q_s = smem + static_cast<size_t>(warp) * kG * D;
+  const AttentionJob& job = jobs[jid];
+  const uint32_t kvh = blockIdx.y;
+  const uint32_t h0 = kvh * group_heads + blockIdx.z * kG;
+  const int gh = static_cast<int>(min(static_cast<uint32_t>(kG), group_heads - blockIdx.z * kG));
+  for (uint32_t i = lane; i < kG * D; i += 32) {
+    const uint32_t h = i / D;
+    q_s[i] = h < static_cast<uint32_t>(gh) ? job.q[size_t{h0 + h} * D + i % D] : 0.0f;
+  }
+  __syncwarp();
+  SideView K, V;
+  K.init(job.k, kvh);
+  V.init(job.v, kvh);
+  Keys keys;
+  keys.init(job);
+  const uint32_t d0 = lane * kE;
+  const bool v_lane = d0 < D;
+  State<kG, kE> run, st;
+  for (int w = 0; w < kWarps; ++w) {
+    st.init();
+    for (size_t t0 = size_t{32} * w; t0 < keys.n; t0 += size_t{32} * kWarps)
+      tile<kG, kE>(q_s, K, V, keys, t0, D, scale, lane, st);
+    if (w == 0) {
+      run = st;
+      continue;
+    }
+#pragma unroll
+    for (int h = 0; h < kG; ++h) {
+      float mm, a, b;
+      fold_weights(run.m[h], st.m[h], mm, a, b);
+#pragma unroll
+      for (int e = 0; e < kE; ++e)
+        run.acc[h][e] = __fadd_rn(__fmul_rn(run.acc[h][e], a), __fmul_rn(st.acc[h][e], b));
+      run.l[h] = __fadd_rn(__fmul_rn(run.l[h], a), __fmul_rn(st.l[h], b));
+      run.m[h] = mm;
+    }
+  }
+  if (!v_lane) return;
+#pragma unroll
+  for (int h = 0; h < kG; ++h) {
+    if (h >= gh) break;
+    const float inv = run.l[h] > 0.0f ? __fdiv_rn(1.0f, run.l[h]) : 0.0f;
+    float* o = job.out + size_t{h0 + h} * D + d0;
+#pragma unroll
+    for (int e = 0; e < kE; ++e) o[e] = __fmul_rn(run.acc[h][e], inv);
+  }
+}
+
 template <int kG, int kE>
 void launch(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& s,
-            uint32_t group_heads, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(n_jobs), static_cast<unsigned>(s.n_kv_heads),
-                  static_cast<unsigned>((group_heads + kG - 1) / kG));
+            uint32_t group_heads, bool per_warp, cudaStream_t stream) {
+  const unsigned chunks = static_cast<unsigned>((group_heads + kG - 1) / kG);
+  const unsigned kvh = static_cast<unsigned>(s.n_kv_heads);
+  const uint32_t D = static_cast<uint32_t>(s.head_dim);
+  if (per_warp) {
+    const dim3 grid(static_cast<unsigned>((n_jobs + kWarps - 1) / kWarps), kvh, chunks);
+    const size_t smem = size_t{kWarps} * kG * s.head_dim * sizeof(float);
+    attention_warp_kernel<kG, kE>
+        <<<grid, kWarps * 32, smem, stream>>>(jobs, n_jobs, group_heads, D, s.scale);
+    FERRY_CUDA_LAUNCHED("attention_warp_kernel");
+    return;
+  }
+  const dim3 grid(static_cast<unsigned>(n_jobs), kvh, chunks);
   const size_t smem = (2 * kG * s.head_dim + 2 * kG) * sizeof(float);
-  attention_kernel<kG, kE>
-      <<<grid, kWarps * 32, smem, stream>>>(jobs, static_cast<uint32_t>(s.n_heads), group_heads,
-                                            static_cast<uint32_t>(s.head_dim), s.scale);
+  attention_kernel<kG, kE><<<grid, kWarps * 32, smem, stream>>>(jobs, group_heads, D, s.scale);
   FERRY_CUDA_LAUNCHED("attention_kernel");
 }
 
@@ -262,18 +373,19 @@ constexpr size_t kFewJobs = 32;
 
 template <int kE>
 void launch_e(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& s,
-              uint32_t group_heads, cudaStream_t stream) {
+              uint32_t group_heads, bool per_warp, cudaStream_t stream) {
   if (group_heads == 1 || n_jobs < kFewJobs)
-    return launch<1, kE>(jobs, n_jobs, s, group_heads, stream);
-  if (group_heads == 2) return launch<2, kE>(jobs, n_jobs, s, group_heads, stream);
-  if (group_heads <= 4) return launch<4, kE>(jobs, n_jobs, s, group_heads, stream);
-  return launch<8, kE>(jobs, n_jobs, s, group_heads, stream);
+    return launch<1, kE>(jobs, n_jobs, s, group_heads, per_warp, stream);
+  if (group_heads == 2) return launch<2, kE>(jobs, n_jobs, s, group_heads, per_warp, stream);
+  if (group_heads <= 4) return launch<4, kE>(jobs, n_jobs, s, group_heads, per_warp, stream);
+  return launch<8, kE>(jobs, n_jobs, s, group_heads, per_warp, stream);
 }
 
 }  // namespace
 
-void attention(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& shape,
-               cudaStream_t stream) {
+void attention_variant(const AttentionJob* jobs, size_t n_jobs,
+                       const kernels::AttentionShape& shape, AttentionVariant variant,
+                       cudaStream_t stream) {
   if (n_jobs == 0) return;
   const size_t D = shape.head_dim;
   FERRY_CHECK(D % 16 == 0 && D > 0 && D <= 256, "attention", "head_dim=", D);
@@ -283,9 +395,16 @@ void attention(const AttentionJob* jobs, size_t n_jobs, const kernels::Attention
   FERRY_CHECK(n_jobs <= 0x7fffffffu, "attention", n_jobs, " jobs");
   static_assert(sizeof(AttentionJob) % 4 == 0 && sizeof(AttentionJob) / 4 <= kWarps * 32);
   const uint32_t group_heads = static_cast<uint32_t>(shape.n_heads / shape.n_kv_heads);
-  if (D <= 64) return launch_e<2>(jobs, n_jobs, shape, group_heads, stream);
-  if (D <= 128) return launch_e<4>(jobs, n_jobs, shape, group_heads, stream);
-  return launch_e<8>(jobs, n_jobs, shape, group_heads, stream);
+  const bool per_warp = variant == AttentionVariant::PerWarp ||
+                        (variant == AttentionVariant::Auto && n_jobs >= kManyJobs);
+  if (D <= 64) return launch_e<2>(jobs, n_jobs, shape, group_heads, per_warp, stream);
+  if (D <= 128) return launch_e<4>(jobs, n_jobs, shape, group_heads, per_warp, stream);
+  return launch_e<8>(jobs, n_jobs, shape, group_heads, per_warp, stream);
+}
+
+void attention(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& shape,
+               cudaStream_t stream) {
+  attention_variant(jobs, n_jobs, shape, AttentionVariant::Auto, stream);
 }
 
 }  // namespace ferry::cuda

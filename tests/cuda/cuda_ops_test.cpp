@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_internal.h"
 #include "cuda_test_util.h"
 #include "kernels/kernel_test_util.h"
 #include "kernels/quant_blocks.h"
@@ -402,7 +403,8 @@ struct JobSpec {
 
 // Runs jobs on the GPU; returns out [n_jobs, n_heads, D].
 std::vector<float> gpu_attention(const AttnFixture& f, const std::vector<JobSpec>& specs,
-                                 const std::vector<float>& q) {
+                                 const std::vector<float>& q,
+                                 cuda::AttentionVariant variant = cuda::AttentionVariant::Auto) {
   const size_t per = f.c.n_heads * f.c.D;
   DeviceBuffer<float> d_q(q), d_out(specs.size() * per);
   d_out.poison();
@@ -418,7 +420,7 @@ std::vector<float> gpu_attention(const AttnFixture& f, const std::vector<JobSpec
   DeviceBuffer<cuda::AttentionJob> d_jobs(jobs.size());
   CK(cudaMemcpy(d_jobs.get(), jobs.data(), jobs.size() * sizeof(cuda::AttentionJob),
                 cudaMemcpyHostToDevice));
-  cuda::attention(d_jobs.get(), jobs.size(), f.shape(), nullptr);
+  cuda::attention_variant(d_jobs.get(), jobs.size(), f.shape(), variant, nullptr);
   return d_out.download();
 }
 
@@ -506,6 +508,38 @@ TEST(CudaOps, AttentionJobIsBatchInvariant) {
         ASSERT_EQ(first_bit_diff(alone, got.data() + at * per, per), -1)
             << "batch=" << batch << " at=" << at;
       }
+  }
+}
+
+// The two attention kernels (a block per job for decode steps, a warp per
+// job for prefill steps) give the same bits for every job: keys from one
+// tile to thousands, wrapped segments, GQA groups of 1, 4 and 8, dense and
+// affine K/V, in batches below and above the automatic switch.
+TEST(CudaOps, AttentionVariantsAreBitIdentical) {
+  REQUIRE_GPU();
+  for (const AttnCase& ac :
+       {AttnCase{128, 32, 8, KvFormat::f16(), KvFormat::f16()},
+        AttnCase{64, 8, 1, KvFormat::affine(4, 64), KvFormat::affine(8, 32)},
+        AttnCase{128, 8, 2, KvFormat::bf16(), KvFormat::affine(4, 32)}}) {
+    AttnFixture f(ac, 1200, 77);
+    std::mt19937 rng(11);
+    for (size_t batch : {5, 40, 600}) {
+      std::vector<JobSpec> specs;
+      for (size_t i = 0; i < batch; ++i) {
+        const size_t b = rng() % 1100, e = b + 1 + rng() % (1200 - b - 1);
+        if (i % 7 == 3)
+          specs.push_back({{{b, 1200}, {0, 1 + rng() % 200}}, static_cast<uint32_t>(i)});
+        else
+          specs.push_back({{{b, i % 5 == 0 ? b + 1 : e}, {0, 0}}, static_cast<uint32_t>(i)});
+      }
+      const auto q = queries(f, specs);
+      const auto a = gpu_attention(f, specs, q, cuda::AttentionVariant::PerBlock);
+      const auto b = gpu_attention(f, specs, q, cuda::AttentionVariant::PerWarp);
+      const auto c = gpu_attention(f, specs, q, cuda::AttentionVariant::Auto);
+      ASSERT_EQ(first_bit_diff(a, b.data(), a.size()), -1)
+          << "D=" << ac.D << " heads=" << ac.n_heads << "/" << ac.n_kv_heads << " batch=" << batch;
+      ASSERT_EQ(first_bit_diff(a, c.data(), a.size()), -1) << "batch=" << batch;
+    }
   }
 }
 

@@ -9,8 +9,9 @@
 # BUILD_DIR: a -DFERRY_CUDA=ON build (built there if it has no ferry).
 # OUT_DIR (default $OUT or /tmp/ferry-gpu-bench): one JSON per run.
 # Environment: SHAPE (llama-3.1-8b), TYPES (bf16), RUNS (which groups:
-# single,batch,kv,hf), BATCHES (64,256), MODES (deterministic,fast; also
-# nographs: deterministic without CUDA graphs), KV_Q8
+# single,batch,kv,hf; also llamacpp, with LLAMA_CUDA_BIN), BATCHES
+# (64,256), MODES (deterministic,fast; also nographs: deterministic without
+# CUDA graphs), KV_Q8
 # (set: also 8-bit KV at 4k).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -85,6 +86,37 @@ for t in ${types//,/ }; do
     done
   fi
 done
+# llama.cpp built for CUDA (tools/cuda/build-llama-cpp-cuda.sh, copied to
+# LLAMA_CUDA_BIN): llama-bench for one stream, llama-batched-bench for a
+# static batch of N sequences of 128 prompt + 128 generated tokens each
+# (its output tok/s: N * 128 / total time, the figure `ferry bench` gives).
+if has llamacpp; then
+  lbin=${LLAMA_CUDA_BIN:-$PWD/.peers/llama-cuda}
+  for t in ${types//,/ }; do
+    model=$models/$shape-$t.gguf
+    "$lbin/llama-bench" -m "$model" -p 128 -n 128 -ngl 99 -fa 1 -r 3 -o json \
+      >"$out/llamacpp-$t-single.json" 2>"$out/llamacpp-$t-single.log" || echo "llama-bench failed"
+    python3 - "$out/llamacpp-$t-single.json" "$t" <<'PY' || true
+import json, sys
+for r in json.load(open(sys.argv[1])):
+    kind = "prefill" if r["n_prompt"] else "decode"
+    print(f"llama.cpp {sys.argv[2]} single {kind:8s} {r['avg_ts']:9.1f} tok/s ({r['n_prompt'] or r['n_gen']} tokens)")
+PY
+    maxb=$(echo "1,$batches" | tr , '\n' | sort -n | tail -1)
+    "$lbin/llama-batched-bench" -m "$model" -c $((maxb * 256)) -b 8192 -ub 2048 -npp 128 -ntg 128 \
+      -npl "1,$batches" -ngl 99 -fa on --output-format jsonl >"$out/llamacpp-$t-batched.log" 2>&1 ||
+      echo "llama-batched-bench failed"
+    python3 - "$out/llamacpp-$t-batched.log" "$t" <<'PY' || true
+import json, sys
+for line in open(sys.argv[1]):
+    if line.startswith("{"):
+        r = json.loads(line)
+        print(f"llama.cpp {sys.argv[2]} batch {r['pl']:4d}: out {r['pl'] * r['tg'] / r['t']:9.1f} tok/s  "
+              f"TG {r['speed_tg']:9.1f} tok/s  PP {r['speed_pp']:9.1f} tok/s  total {r['t']:.2f} s")
+PY
+  done
+fi
+
 if has hf; then
   PYTHONUNBUFFERED=1 python3 tools/cuda/hf_peer.py --shape "$shape" --batches "$batches" \
     --json "$out/hf.json" || echo "transformers peer failed"
