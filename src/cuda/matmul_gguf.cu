@@ -19,6 +19,7 @@
 // (each row has its own accumulator and the same instructions), nor the grid.
 //
 // Bandwidth. With n_rows <= 8 every weight byte is read once from HBM;
+// with n_rows <= kSmemRows (decode) the block stages x in shared memory;
 // larger n_rows re-stream the weights once per group of 8 rows (from L2 when
 // they fit) - large prefill GEMMs belong to cuBLAS on dequantized weights.
 // Activations are re-read per column from L1/L2 (float4 loads).
@@ -45,7 +46,10 @@ constexpr int units_per_lane() {
     return 4;
 }
 
-template <DType T, bool kVec16>
+// Rows of x a block stages in shared memory (see kSmemX below).
+constexpr int kSmemRows = 2;
+
+template <DType T, bool kVec16, bool kSmemX>
 __global__ void __launch_bounds__(kWarps * 32)
     matmul_gguf_kernel(const uint8_t* w, size_t row_bytes, uint32_t n_units, const float* x,
                        size_t n_in, uint32_t n_out, uint32_t n_rows, float* y) {
@@ -56,14 +60,23 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr uint32_t kStageBytes = kStageUnits * kUnitBytesNum / U::kBlockElems;
   static_assert(kStageUnits * U::kElems % U::kBlockElems == 0, "a stage is whole blocks");
   __shared__ __align__(16) uint8_t stage_all[kWarps][kStageBytes];
+  // kSmemX (steps of at most kSmemRows rows, i.e. decode): the stage's
+  // activations are staged once per block, unit u's elements at u * (kElems
+  // + 1), so the lanes' reads (unit l + 32k each) fall in distinct banks
+  // instead of 32 scattered L1 lines per load. Only where x is read from
+  // changes: the arithmetic is the same as without it.
+  constexpr uint32_t kPitch = U::kElems + 1;
+  __shared__ float xs[kSmemX ? kSmemRows * kStageUnits * kPitch : 1];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const uint32_t j = blockIdx.x * kWarps + warp;
-  if (j >= n_out) return;  // whole warp leaves; only __syncwarp is used below
+  // With kSmemX the block synchronises per stage, so idle warps stay.
+  if (!kSmemX && j >= n_out) return;  // whole warp leaves; only __syncwarp below
+  const bool active = j < n_out;
   const uint32_t r0 = blockIdx.y * kRowGroup;
   const int nr = static_cast<int>(min(static_cast<uint32_t>(kRowGroup), n_rows - r0));
   uint8_t* stage = stage_all[warp];
-  const uint8_t* wrow = w + size_t{j} * row_bytes;
+  const uint8_t* wrow = w + size_t{active ? j : 0} * row_bytes;
   const float* xg = x + size_t{r0} * n_in;
 
   float acc[kRowGroup];
@@ -75,6 +88,14 @@ __global__ void __launch_bounds__(kWarps * 32)
     // n_units is a whole number of blocks, so every stage is whole blocks.
     const uint32_t bytes = units * kUnitBytesNum / U::kBlockElems;
     const uint8_t* src = wrow + size_t{s0} * kUnitBytesNum / U::kBlockElems;
+    if constexpr (kSmemX) {
+      __syncthreads();  // the previous stage's reads of xs are done
+      const uint32_t n = units * U::kElems;
+      for (int r = 0; r < nr; ++r)
+        for (uint32_t i = threadIdx.x; i < n; i += kWarps * 32)
+          xs[(r * kStageUnits + i / U::kElems) * kPitch + i % U::kElems] =
+              xg[static_cast<size_t>(r) * n_in + size_t{s0} * U::kElems + i];
+    }
     __syncwarp();  // the previous stage's reads are done
     if constexpr (kVec16) {
       for (uint32_t i = lane; i < bytes / 16; i += 32)
@@ -84,25 +105,38 @@ __global__ void __launch_bounds__(kWarps * 32)
         reinterpret_cast<uint16_t*>(stage)[i] =
             __ldg(reinterpret_cast<const unsigned short*>(src) + i);
     }
-    __syncwarp();
+    if constexpr (kSmemX)
+      __syncthreads();
+    else
+      __syncwarp();
 #pragma unroll
     for (int k = 0; k < units_per_lane<T>(); ++k) {
       const uint32_t u = 32 * k + lane;
       if (u >= units) break;
       float wv[U::kElems];
       U::decode(stage, u, wv);
-      const float* xu = xg + size_t{s0 + u} * U::kElems;
+      if constexpr (kSmemX) {
 #pragma unroll
-      for (int r = 0; r < kRowGroup; ++r) {
-        if (r >= nr) break;
-        const float4* xr = reinterpret_cast<const float4*>(xu + r * n_in);
+        for (int r = 0; r < kSmemRows; ++r) {
+          if (r >= nr) break;
+          const float* xr = xs + (r * kStageUnits + u) * kPitch;
 #pragma unroll
-        for (int e = 0; e < U::kElems / 4; ++e) {
-          const float4 xv = __ldg(xr + e);
-          acc[r] = __fmaf_rn(wv[4 * e], xv.x, acc[r]);
-          acc[r] = __fmaf_rn(wv[4 * e + 1], xv.y, acc[r]);
-          acc[r] = __fmaf_rn(wv[4 * e + 2], xv.z, acc[r]);
-          acc[r] = __fmaf_rn(wv[4 * e + 3], xv.w, acc[r]);
+          for (int e = 0; e < U::kElems; ++e) acc[r] = __fmaf_rn(wv[e], xr[e], acc[r]);
+        }
+      } else {
+        const float* xu = xg + size_t{s0 + u} * U::kElems;
+#pragma unroll
+        for (int r = 0; r < kRowGroup; ++r) {
+          if (r >= nr) break;
+          const float4* xr = reinterpret_cast<const float4*>(xu + r * n_in);
+#pragma unroll
+          for (int e = 0; e < U::kElems / 4; ++e) {
+            const float4 xv = __ldg(xr + e);
+            acc[r] = __fmaf_rn(wv[4 * e], xv.x, acc[r]);
+            acc[r] = __fmaf_rn(wv[4 * e + 1], xv.y, acc[r]);
+            acc[r] = __fmaf_rn(wv[4 * e + 2], xv.z, acc[r]);
+            acc[r] = __fmaf_rn(wv[4 * e + 3], xv.w, acc[r]);
+          }
         }
       }
     }
@@ -110,7 +144,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int r = 0; r < kRowGroup; ++r) {
     const float v = warp_sum(acc[r]);  // all lanes take part, even for r >= nr
-    if (lane == 0 && r < nr) y[size_t{r0 + r} * n_out + j] = v;
+    if (active && lane == 0 && r < nr) y[size_t{r0 + r} * n_out + j] = v;
   }
 }
 
@@ -130,13 +164,20 @@ void matmul_gguf(const uint8_t* w, DType type, size_t n_in, size_t n_out, const 
   detail::dispatch_dtype(type, "matmul_gguf", [&](auto tag) {
     constexpr DType T = decltype(tag)::value;
     const uint32_t n_units = static_cast<uint32_t>(n_in / detail::Gguf<T>::kElems);
-    if (rb % 16 == 0) {
-      matmul_gguf_kernel<T, true><<<grid, kWarps * 32, 0, stream>>>(
-          w, rb, n_units, x, n_in, static_cast<uint32_t>(n_out), static_cast<uint32_t>(n_rows), y);
-    } else {
-      matmul_gguf_kernel<T, false><<<grid, kWarps * 32, 0, stream>>>(
-          w, rb, n_units, x, n_in, static_cast<uint32_t>(n_out), static_cast<uint32_t>(n_rows), y);
-    }
+    const uint32_t no = static_cast<uint32_t>(n_out), nr = static_cast<uint32_t>(n_rows);
+    const bool small = n_rows <= kSmemRows;
+    if (rb % 16 == 0 && small)
+      matmul_gguf_kernel<T, true, true><<<grid, kWarps * 32, 0, stream>>>(w, rb, n_units, x, n_in,
+                                                                          no, nr, y);
+    else if (rb % 16 == 0)
+      matmul_gguf_kernel<T, true, false><<<grid, kWarps * 32, 0, stream>>>(w, rb, n_units, x,
+                                                                           n_in, no, nr, y);
+    else if (small)
+      matmul_gguf_kernel<T, false, true><<<grid, kWarps * 32, 0, stream>>>(w, rb, n_units, x,
+                                                                           n_in, no, nr, y);
+    else
+      matmul_gguf_kernel<T, false, false><<<grid, kWarps * 32, 0, stream>>>(w, rb, n_units, x,
+                                                                            n_in, no, nr, y);
     FERRY_CUDA_LAUNCHED("matmul_gguf_kernel");
   });
 }

@@ -86,33 +86,31 @@ for t in ${types//,/ }; do
     done
   fi
 done
-# llama.cpp built for CUDA (tools/cuda/build-llama-cpp-cuda.sh, copied to
-# LLAMA_CUDA_BIN): llama-bench for one stream, llama-batched-bench for a
-# static batch of N sequences of 128 prompt + 128 generated tokens each
-# (its output tok/s: N * 128 / total time, the figure `ferry bench` gives).
+# llama.cpp built for CUDA (tools/cuda/build-llama-cpp-cuda.sh; its
+# llama-batched-bench, or that file xz-compressed to fit a device call, in
+# LLAMA_CUDA_BIN): a static batch of N sequences of 128 prompt + 128
+# generated tokens each, N = 1 for a single stream (its output tok/s: N *
+# 128 / total time, the figure `ferry bench` gives; TG: decode only).
 if has llamacpp; then
-  lbin=${LLAMA_CUDA_BIN:-$PWD/.peers/llama-cuda}
+  lbin=${LLAMA_CUDA_BIN:-$PWD/.peers}
+  lbb=$lbin/llama-batched-bench
+  if [[ ! -x $lbb && -f $lbb.xz ]]; then
+    lbb=/tmp/llama-batched-bench
+    xz -dc "$lbin/llama-batched-bench.xz" >"$lbb" && chmod +x "$lbb"
+  fi
   for t in ${types//,/ }; do
     model=$models/$shape-$t.gguf
-    "$lbin/llama-bench" -m "$model" -p 128 -n 128 -ngl 99 -fa 1 -r 3 -o json \
-      >"$out/llamacpp-$t-single.json" 2>"$out/llamacpp-$t-single.log" || echo "llama-bench failed"
-    python3 - "$out/llamacpp-$t-single.json" "$t" <<'PY' || true
-import json, sys
-for r in json.load(open(sys.argv[1])):
-    kind = "prefill" if r["n_prompt"] else "decode"
-    print(f"llama.cpp {sys.argv[2]} single {kind:8s} {r['avg_ts']:9.1f} tok/s ({r['n_prompt'] or r['n_gen']} tokens)")
-PY
     maxb=$(echo "1,$batches" | tr , '\n' | sort -n | tail -1)
-    "$lbin/llama-batched-bench" -m "$model" -c $((maxb * 256)) -b 8192 -ub 2048 -npp 128 -ntg 128 \
+    "$lbb" -m "$model" -c $((maxb * 256)) -b 8192 -ub 2048 -npp 128 -ntg 128 \
       -npl "1,$batches" -ngl 99 -fa on --output-format jsonl >"$out/llamacpp-$t-batched.log" 2>&1 ||
-      echo "llama-batched-bench failed"
+      echo "llama-batched-bench failed (log: $out/llamacpp-$t-batched.log)"
     python3 - "$out/llamacpp-$t-batched.log" "$t" <<'PY' || true
 import json, sys
 for line in open(sys.argv[1]):
     if line.startswith("{"):
         r = json.loads(line)
-        print(f"llama.cpp {sys.argv[2]} batch {r['pl']:4d}: out {r['pl'] * r['tg'] / r['t']:9.1f} tok/s  "
-              f"TG {r['speed_tg']:9.1f} tok/s  PP {r['speed_pp']:9.1f} tok/s  total {r['t']:.2f} s")
+        print(f"llama.cpp {sys.argv[2]:7s} batch {r['pl']:4d}: out {r['pl'] * r['tg'] / r['t']:9.1f} tok/s  "
+              f"TG {r['speed_tg']:9.1f} tok/s  PP {r['speed_pp']:9.1f} tok/s  total {r['t']:.2f} s", flush=True)
 PY
   done
 fi
