@@ -19,7 +19,7 @@
 // (each row has its own accumulator and the same instructions), nor the grid.
 //
 // Bandwidth. With n_rows <= 8 every weight byte is read once from HBM;
-// with n_rows <= kSmemRows (decode) the block stages x in shared memory;
+// each block stages the rows of x it uses in shared memory, stage by stage;
 // larger n_rows re-stream the weights once per group of 8 rows (from L2 when
 // they fit) - large prefill GEMMs belong to cuBLAS on dequantized weights.
 // Activations are re-read per column from L1/L2 (float4 loads).
@@ -46,33 +46,34 @@ constexpr int units_per_lane() {
     return 4;
 }
 
-// Rows of x a block stages in shared memory (see kSmemX below).
-constexpr int kSmemRows = 2;
+// Steps of up to kFewRows rows (decode) stage kFewRows rows of x per block
+// with the type's units per lane; larger ones stage kRowGroup rows with one
+// unit per lane per stage, so that the staged x fits (below).
+constexpr int kFewRows = 2;
 
-template <DType T, bool kVec16, bool kSmemX>
+template <DType T, bool kVec16, int kXRows, int kUpl>
 __global__ void __launch_bounds__(kWarps * 32)
     matmul_gguf_kernel(const uint8_t* w, size_t row_bytes, uint32_t n_units, const float* x,
                        size_t n_in, uint32_t n_out, uint32_t n_rows, float* y) {
   using U = Gguf<T>;
-  constexpr uint32_t kStageUnits = 32 * units_per_lane<T>();
+  // A stage is kUpl units per lane; lane l takes units l, l + 32, ... of
+  // each stage in order, which over the whole row is units l, l + 32, l +
+  // 64, ... whatever kUpl: the reduction order does not depend on it.
+  constexpr uint32_t kStageUnits = 32 * kUpl;
   constexpr uint32_t kUnitBytesNum =
       U::kElems * U::kBlockBytes;  // bytes of one unit = this / kBlockElems
   constexpr uint32_t kStageBytes = kStageUnits * kUnitBytesNum / U::kBlockElems;
   static_assert(kStageUnits * U::kElems % U::kBlockElems == 0, "a stage is whole blocks");
   __shared__ __align__(16) uint8_t stage_all[kWarps][kStageBytes];
-  // kSmemX (steps of at most kSmemRows rows, i.e. decode): the stage's
-  // activations are staged once per block, unit u's elements at u * (kElems
-  // + 1), so the lanes' reads (unit l + 32k each) fall in distinct banks
-  // instead of 32 scattered L1 lines per load. Only where x is read from
-  // changes: the arithmetic is the same as without it.
+  // The stage's activations (up to kXRows rows) are staged once per block,
+  // unit u's elements at u * (kElems + 1), so the lanes' reads (unit l + 32k
+  // each) fall in distinct banks instead of 32 scattered L1 lines per load.
   constexpr uint32_t kPitch = U::kElems + 1;
-  __shared__ float xs[kSmemX ? kSmemRows * kStageUnits * kPitch : 1];
+  __shared__ float xs[kXRows * kStageUnits * kPitch];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const uint32_t j = blockIdx.x * kWarps + warp;
-  // With kSmemX the block synchronises per stage, so idle warps stay.
-  if (!kSmemX && j >= n_out) return;  // whole warp leaves; only __syncwarp below
-  const bool active = j < n_out;
+  const bool active = j < n_out;  // idle warps stay: the block syncs per stage
   const uint32_t r0 = blockIdx.y * kRowGroup;
   const int nr = static_cast<int>(min(static_cast<uint32_t>(kRowGroup), n_rows - r0));
   uint8_t* stage = stage_all[warp];
@@ -88,15 +89,14 @@ __global__ void __launch_bounds__(kWarps * 32)
     // n_units is a whole number of blocks, so every stage is whole blocks.
     const uint32_t bytes = units * kUnitBytesNum / U::kBlockElems;
     const uint8_t* src = wrow + size_t{s0} * kUnitBytesNum / U::kBlockElems;
-    if constexpr (kSmemX) {
-      __syncthreads();  // the previous stage's reads of xs are done
+    __syncthreads();  // the previous stage's reads of xs and stage are done
+    {
       const uint32_t n = units * U::kElems;
       for (int r = 0; r < nr; ++r)
         for (uint32_t i = threadIdx.x; i < n; i += kWarps * 32)
           xs[(r * kStageUnits + i / U::kElems) * kPitch + i % U::kElems] =
               xg[static_cast<size_t>(r) * n_in + size_t{s0} * U::kElems + i];
     }
-    __syncwarp();  // the previous stage's reads are done
     if constexpr (kVec16) {
       for (uint32_t i = lane; i < bytes / 16; i += 32)
         reinterpret_cast<uint4*>(stage)[i] = __ldg(reinterpret_cast<const uint4*>(src) + i);
@@ -105,39 +105,19 @@ __global__ void __launch_bounds__(kWarps * 32)
         reinterpret_cast<uint16_t*>(stage)[i] =
             __ldg(reinterpret_cast<const unsigned short*>(src) + i);
     }
-    if constexpr (kSmemX)
-      __syncthreads();
-    else
-      __syncwarp();
+    __syncthreads();
 #pragma unroll
-    for (int k = 0; k < units_per_lane<T>(); ++k) {
+    for (int k = 0; k < kUpl; ++k) {
       const uint32_t u = 32 * k + lane;
       if (u >= units) break;
       float wv[U::kElems];
       U::decode(stage, u, wv);
-      if constexpr (kSmemX) {
 #pragma unroll
-        for (int r = 0; r < kSmemRows; ++r) {
-          if (r >= nr) break;
-          const float* xr = xs + (r * kStageUnits + u) * kPitch;
+      for (int r = 0; r < kXRows; ++r) {
+        if (r >= nr) break;
+        const float* xr = xs + (r * kStageUnits + u) * kPitch;
 #pragma unroll
-          for (int e = 0; e < U::kElems; ++e) acc[r] = __fmaf_rn(wv[e], xr[e], acc[r]);
-        }
-      } else {
-        const float* xu = xg + size_t{s0 + u} * U::kElems;
-#pragma unroll
-        for (int r = 0; r < kRowGroup; ++r) {
-          if (r >= nr) break;
-          const float4* xr = reinterpret_cast<const float4*>(xu + r * n_in);
-#pragma unroll
-          for (int e = 0; e < U::kElems / 4; ++e) {
-            const float4 xv = __ldg(xr + e);
-            acc[r] = __fmaf_rn(wv[4 * e], xv.x, acc[r]);
-            acc[r] = __fmaf_rn(wv[4 * e + 1], xv.y, acc[r]);
-            acc[r] = __fmaf_rn(wv[4 * e + 2], xv.z, acc[r]);
-            acc[r] = __fmaf_rn(wv[4 * e + 3], xv.w, acc[r]);
-          }
-        }
+        for (int e = 0; e < U::kElems; ++e) acc[r] = __fmaf_rn(wv[e], xr[e], acc[r]);
       }
     }
   }
@@ -165,19 +145,20 @@ void matmul_gguf(const uint8_t* w, DType type, size_t n_in, size_t n_out, const 
     constexpr DType T = decltype(tag)::value;
     const uint32_t n_units = static_cast<uint32_t>(n_in / detail::Gguf<T>::kElems);
     const uint32_t no = static_cast<uint32_t>(n_out), nr = static_cast<uint32_t>(n_rows);
-    const bool small = n_rows <= kSmemRows;
-    if (rb % 16 == 0 && small)
-      matmul_gguf_kernel<T, true, true><<<grid, kWarps * 32, 0, stream>>>(w, rb, n_units, x, n_in,
-                                                                          no, nr, y);
+    const bool few = n_rows <= kFewRows;
+    constexpr int kUpl = units_per_lane<T>();
+    if (rb % 16 == 0 && few)
+      matmul_gguf_kernel<T, true, kFewRows, kUpl>
+          <<<grid, kWarps * 32, 0, stream>>>(w, rb, n_units, x, n_in, no, nr, y);
     else if (rb % 16 == 0)
-      matmul_gguf_kernel<T, true, false><<<grid, kWarps * 32, 0, stream>>>(w, rb, n_units, x,
-                                                                           n_in, no, nr, y);
-    else if (small)
-      matmul_gguf_kernel<T, false, true><<<grid, kWarps * 32, 0, stream>>>(w, rb, n_units, x,
-                                                                           n_in, no, nr, y);
+      matmul_gguf_kernel<T, true, kRowGroup, 1>
+          <<<grid, kWarps * 32, 0, stream>>>(w, rb, n_units, x, n_in, no, nr, y);
+    else if (few)
+      matmul_gguf_kernel<T, false, kFewRows, kUpl>
+          <<<grid, kWarps * 32, 0, stream>>>(w, rb, n_units, x, n_in, no, nr, y);
     else
-      matmul_gguf_kernel<T, false, false><<<grid, kWarps * 32, 0, stream>>>(w, rb, n_units, x,
-                                                                            n_in, no, nr, y);
+      matmul_gguf_kernel<T, false, kRowGroup, 1>
+          <<<grid, kWarps * 32, 0, stream>>>(w, rb, n_units, x, n_in, no, nr, y);
     FERRY_CUDA_LAUNCHED("matmul_gguf_kernel");
   });
 }
