@@ -145,20 +145,28 @@ void matmul_gguf(const uint8_t* w, DType type, size_t n_in, size_t n_out, const 
     constexpr DType T = decltype(tag)::value;
     const uint32_t n_units = static_cast<uint32_t>(n_in / detail::Gguf<T>::kElems);
     const uint32_t no = static_cast<uint32_t>(n_out), nr = static_cast<uint32_t>(n_rows);
-    const bool few = n_rows <= kFewRows;
     constexpr int kUpl = units_per_lane<T>();
-    if (rb % 16 == 0 && few)
-      matmul_gguf_kernel<T, true, kFewRows, kUpl>
-          <<<grid, kWarps * 32, 0, stream>>>(w, rb, n_units, x, n_in, no, nr, y);
-    else if (rb % 16 == 0)
+    // 16-byte loads need 16-byte rows and stages (Q6_K's 32-unit stage is
+    // 840 bytes: 2-byte loads there).
+    constexpr auto stage_bytes = [](int upl) {
+      using U = detail::Gguf<T>;
+      return 32u * upl * U::kElems * U::kBlockBytes / U::kBlockElems;
+    };
+    const bool vec = rb % 16 == 0;
+    if (n_rows <= kFewRows) {
+      if (vec && stage_bytes(kUpl) % 16 == 0)
+        matmul_gguf_kernel<T, true, kFewRows, kUpl>
+            <<<grid, kWarps * 32, 0, stream>>>(w, rb, n_units, x, n_in, no, nr, y);
+      else
+        matmul_gguf_kernel<T, false, kFewRows, kUpl>
+            <<<grid, kWarps * 32, 0, stream>>>(w, rb, n_units, x, n_in, no, nr, y);
+    } else if (vec && stage_bytes(1) % 16 == 0) {
       matmul_gguf_kernel<T, true, kRowGroup, 1>
           <<<grid, kWarps * 32, 0, stream>>>(w, rb, n_units, x, n_in, no, nr, y);
-    else if (few)
-      matmul_gguf_kernel<T, false, kFewRows, kUpl>
-          <<<grid, kWarps * 32, 0, stream>>>(w, rb, n_units, x, n_in, no, nr, y);
-    else
+    } else {
       matmul_gguf_kernel<T, false, kRowGroup, 1>
           <<<grid, kWarps * 32, 0, stream>>>(w, rb, n_units, x, n_in, no, nr, y);
+    }
     FERRY_CUDA_LAUNCHED("matmul_gguf_kernel");
   });
 }
