@@ -142,6 +142,10 @@ class CudaBackend final : public model::Backend {
     FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     check_blas(cublasCreate(&blas_), "cublasCreate");
     check_blas(cublasSetStream(blas_, stream_), "cublasSetStream");
+    // A workspace of our own: cuBLAS then allocates nothing inside a CUDA
+    // graph capture (fast-mode steps are captured like the others).
+    blas_workspace_ = device_alloc(kBlasWorkspace);
+    check_blas(cublasSetWorkspace(blas_, blas_workspace_, kBlasWorkspace), "cublasSetWorkspace");
     cudaDeviceProp prop{};
     FERRY_CUDA_CHECK(cudaGetDeviceProperties(&prop, opts.device));
     name_ = std::string("cuda:") + std::to_string(opts.device) + " (" + prop.name + ")";
@@ -159,6 +163,7 @@ class CudaBackend final : public model::Backend {
     cudaFreeHost(pinned_);
     cudaFree(staging_dev_);
     cublasDestroy(blas_);
+    cudaFree(blas_workspace_);
     cudaStreamDestroy(stream_);
   }
 
@@ -467,6 +472,7 @@ class CudaBackend final : public model::Backend {
   // Rows up to which ferry's bandwidth-bound kernel beats a GEMM library
   // even in fast mode (weights are read once per step either way).
   static constexpr size_t kFastMatvecRows = 8;
+  static constexpr size_t kBlasWorkspace = size_t{32} << 20;  // cuBLAS's advice for Hopper
 
   // y = x W^T through cuBLAS: W row-major [n_out, n_in] is column-major
   // [n_in, n_out], so Y^T (column-major [n_out, rows]) = op_T(W) * X^T.
@@ -602,12 +608,12 @@ class CudaBackend final : public model::Backend {
   // Called at a step's start with its activation sizes (its shape): replay
   // the shape's graph if its buffers are where they were, capture it on the
   // shape's second direct step (the first sized every buffer), else run
-  // directly. cuBLAS products (fast mode, many rows) are not captured.
+  // directly. cuBLAS products (fast mode) are captured too: their workspace
+  // is ours and their kernel choice depends only on the shape.
   void begin_graph(std::span<const size_t> sizes) {
     mode_ = Mode::Direct;
     graph_ = nullptr;
     if (!opts_.graphs) return;
-    if (!opts_.deterministic) return;  // cuBLAS's workspace and kernel choice stay out of graphs
     key_.assign(sizes.begin(), sizes.end());
     auto it = graphs_.find(key_);
     if (it == graphs_.end()) {
@@ -671,6 +677,7 @@ class CudaBackend final : public model::Backend {
   std::string name_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
+  void* blas_workspace_ = nullptr;
   std::shared_ptr<DeviceKvAllocator> kv_alloc_;
   std::vector<void*> owned_;  // weights and vectors
   Growable arena_, dequant_, xconv_, xtc_, select_;
