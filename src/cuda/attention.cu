@@ -190,6 +190,17 @@ __device__ __forceinline__ void tile(const float* q_s, const SideView& K, const 
   }
 }
 
+// q_s[h][D] = the job's query heads h0 .. h0 + gh - 1 (zeros past gh), by
+// threads first, first + step, ...
+template <int kG>
+__device__ __forceinline__ void load_query(float* q_s, const AttentionJob& job, uint32_t h0,
+                                           int gh, uint32_t D, uint32_t first, uint32_t step) {
+  for (uint32_t i = first; i < kG * D; i += step) {
+    const uint32_t h = i / D;
+    q_s[i] = h < static_cast<uint32_t>(gh) ? job.q[size_t{h0 + h} * D + i % D] : 0.0f;
+  }
+}
+
 // Folds a later warp's state into the running one (both empty: nothing to
 // fold, and -inf - -inf would be NaN).
 __device__ __forceinline__ void fold_weights(float m_run, float m_add, float& mm, float& a,
@@ -227,10 +238,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     reinterpret_cast<uint32_t*>(job_raw)[threadIdx.x] =
         reinterpret_cast<const uint32_t*>(jobs + blockIdx.x)[threadIdx.x];
   __syncthreads();
-  for (uint32_t i = threadIdx.x; i < kG * D; i += kWarps * 32) {
-    const uint32_t h = i / D;
-    q_s[i] = h < static_cast<uint32_t>(gh) ? job.q[size_t{h0 + h} * D + i % D] : 0.0f;
-  }
+  load_query<kG>(q_s, job, h0, gh, D, threadIdx.x, kWarps * 32);
   __syncthreads();
 
   SideView K, V;
@@ -302,10 +310,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const uint32_t kvh = blockIdx.y;
   const uint32_t h0 = kvh * group_heads + blockIdx.z * kG;
   const int gh = static_cast<int>(min(static_cast<uint32_t>(kG), group_heads - blockIdx.z * kG));
-  for (uint32_t i = lane; i < kG * D; i += 32) {
-    const uint32_t h = i / D;
-    q_s[i] = h < static_cast<uint32_t>(gh) ? job.q[size_t{h0 + h} * D + i % D] : 0.0f;
-  }
+  load_query<kG>(q_s, job, h0, gh, D, lane, 32);
   __syncwarp();
   SideView K, V;
   K.init(job.k, kvh);

@@ -307,32 +307,20 @@ class CudaBackend final : public model::Backend {
   void kv_write(kv::BatchKv& kv, size_t layer, std::span<const model::TokenPlace> places,
                 const float* k, const float* v) override {
     n_tokens_ = places.size();
-    const KvWrite* d = nullptr;
-    if (step_writes_ || layer_shifts(kv, places)) {
-      if (!step_writes_) {
-        writes_.resize(places.size());
-        for (size_t t = 0; t < places.size(); ++t) {
-          const kv::BatchKv::WriteTarget w =
-              kv.write_target(shift_base_, places[t].row, places[t].i);
-          writes_[t] = KvWrite{w.k, w.v, static_cast<uint32_t>(w.slot), static_cast<uint32_t>(t)};
-        }
-        const KvWrite* base = upload(std::span<const KvWrite>(writes_));
-        auto* all = static_cast<KvWrite*>(
-            step_writes_buf_.get(shifts_.size() * places.size() * sizeof(KvWrite), stream_));
-        step_writes_ = all;
-        if (!replaying()) {
-          mark("expand_jobs");
-          expand_jobs(base, places.size(), shifts_dev_, shifts_.size(), all, stream_);
-        }
-      }
-      d = step_writes_ + layer * places.size();
-    } else {
+    auto build = [&](size_t from_layer) {
       writes_.resize(places.size());
       for (size_t t = 0; t < places.size(); ++t) {
-        const kv::BatchKv::WriteTarget w = kv.write_target(layer, places[t].row, places[t].i);
+        const kv::BatchKv::WriteTarget w = kv.write_target(from_layer, places[t].row, places[t].i);
         writes_[t] = KvWrite{w.k, w.v, static_cast<uint32_t>(w.slot), static_cast<uint32_t>(t)};
       }
-      d = upload(std::span<const KvWrite>(writes_));
+      return upload(std::span<const KvWrite>(writes_));
+    };
+    const KvWrite* d = nullptr;
+    if (step_writes_ || layer_shifts(kv, places)) {
+      if (!step_writes_) step_writes_ = expand_step(build(shift_base_), places.size(), step_writes_buf_);
+      d = step_writes_ + layer * places.size();
+    } else {
+      d = build(layer);
     }
     if (replaying()) return;
     mark("kv_write");
@@ -363,16 +351,9 @@ class CudaBackend final : public model::Backend {
     if ((step_jobs_ && step_jobs_q_ == q && step_jobs_out_ == out) ||
         (!step_jobs_ && layer_shifts(kv, places))) {
       if (!step_jobs_) {
-        const AttentionJob* base = build(shift_base_);
-        auto* all = static_cast<AttentionJob*>(
-            step_jobs_buf_.get(shifts_.size() * places.size() * sizeof(AttentionJob), stream_));
-        step_jobs_ = all;
+        step_jobs_ = expand_step(build(shift_base_), places.size(), step_jobs_buf_);
         step_jobs_q_ = q;
         step_jobs_out_ = out;
-        if (!replaying()) {
-          mark("expand_jobs");
-          expand_jobs(base, places.size(), shifts_dev_, shifts_.size(), all, stream_);
-        }
       }
       d = step_jobs_ + layer * places.size();
     } else {
@@ -586,6 +567,18 @@ class CudaBackend final : public model::Backend {
     shifts_dev_ = upload(std::span<const PlaneShift>(shifts_));
     shifts_state_ = 1;
     return true;
+  }
+
+  // Every layer's copy of a step's job list (base: layer shift_base_'s,
+  // uploaded), made on the device into buf: [layers][n] jobs.
+  template <class Job>
+  Job* expand_step(const Job* base, size_t n, Growable& buf) {
+    auto* all = static_cast<Job*>(buf.get(shifts_.size() * n * sizeof(Job), stream_));
+    if (!replaying()) {
+      mark("expand_jobs");
+      expand_jobs(base, n, shifts_dev_, shifts_.size(), all, stream_);
+    }
+    return all;
   }
 
   // --- CUDA graphs (one per step shape) ---
