@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/int8_impl.h"
@@ -80,6 +81,32 @@ struct DecQ4_1 {
   }
 };
 
+// Q6_K (decode_q6_k): elements [k, k + 16) lie in one 32-run of one half
+// of a super-block and share one scale; their 6-bit codes are assembled 8
+// at a time in 64-bit words (nibbles of ql, bit pairs of qh), then
+// (d * sc) * (q - 32) as decode_q6_k forms it.
+struct DecQ6_K : By16<DecQ6_K> {
+  [[gnu::always_inline]] static Vec16 load16(const uint8_t* row, size_t k) {
+    const uint8_t* b = row + 210 * (k / 256);
+    const size_t e = k % 256, half = e / 128, run = (e % 128) / 32, i0 = e % 32;
+    const uint8_t* l = b + 64 * half + i0 + (run & 1) * 32;  // ql[i] or ql[i + 32]
+    const uint8_t* h = b + 128 + 32 * half + i0;
+    const int lshift = run < 2 ? 0 : 4, hshift = 2 * static_cast<int>(run);
+    alignas(16) uint8_t q[16];
+    for (int w = 0; w < 2; ++w) {
+      uint64_t lw, hw;
+      std::memcpy(&lw, l + 8 * w, 8);
+      std::memcpy(&hw, h + 8 * w, 8);
+      const uint64_t v = ((lw >> lshift) & 0x0f0f0f0f0f0f0f0full) |
+                         (((hw >> hshift) & 0x0303030303030303ull) << 4);
+      std::memcpy(q + 8 * w, &v, 8);
+    }
+    const int8_t sc = static_cast<int8_t>(b[192 + 8 * half + i0 / 16 + 2 * run]);
+    const float ds = Vec16::h2f(load_u16(b + 208)) * static_cast<float>(sc);
+    return Vec16::splat(ds) * (Vec16::from_u8(q) - Vec16::splat(32.0f));
+  }
+};
+
 // Rows of W are handled 4 at a time with four independent accumulators
 // (hiding FMA latency); each accumulator follows the canonical dot16 order
 // of its own output element, so y[r, j] equals dot16(decoded row j, x[r]).
@@ -138,8 +165,7 @@ inline void matmul_cols(const WeightView& w, const float* x, size_t n_rows, floa
                         size_t j1) {
   const size_t K = w.n_in, N = w.n_out, rb = w.row_bytes();
   // Decoding into scratch pays off once the tile is reused by a few rows.
-  const bool fused =
-      n_rows <= 2 && w.type != DType::Q4_K && w.type != DType::Q5_K && w.type != DType::Q6_K;
+  const bool fused = n_rows <= 2 && w.type != DType::Q4_K && w.type != DType::Q5_K;
   thread_local std::vector<float> scratch;
   if (!fused && scratch.size() < kRowsPerTile * K) scratch.resize(kRowsPerTile * K);
   for (size_t j = j0; j < j1; j += kRowsPerTile) {
@@ -174,6 +200,9 @@ inline void matmul_cols(const WeightView& w, const float* x, size_t n_rows, floa
         case DType::Q4_1:
           tile_fused<DecQ4_1>(wr, nj, x, n_rows, K, yt, N);
           break;
+        case DType::Q6_K:
+          tile_fused<DecQ6_K>(wr, nj, x, n_rows, K, yt, N);
+          break;
         default:
           break;
       }
@@ -201,6 +230,9 @@ inline void matmul_cols(const WeightView& w, const float* x, size_t n_rows, floa
           break;
         case DType::Q4_1:
           decode_with<DecQ4_1>(wr[u], K, dst);
+          break;
+        case DType::Q6_K:
+          decode_with<DecQ6_K>(wr[u], K, dst);
           break;
         default:
           decode_row(w.type, wr[u], dst, K);
