@@ -124,6 +124,17 @@ struct Keys {
   __device__ __forceinline__ size_t slot(size_t i) const { return i < len0 ? b0 + i : b1 + (i - len0); }
 };
 
+// A job's K and V sides at one kv head, and its keys.
+struct JobView {
+  SideView k, v;
+  Keys keys;
+  __device__ void init(const AttentionJob& job, uint32_t kvh) {
+    k.init(job.k, kvh);
+    v.init(job.v, kvh);
+    keys.init(job);
+  }
+};
+
 // One tile of 32 keys from t0 into a warp's state: lane l scores key
 // t0 + l for every head (canonical chunks of 16, FMA in element order, q
 // from shared memory q_s[kG][D]), the warp updates the online softmax (max
@@ -241,11 +252,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   load_query<kG>(q_s, job, h0, gh, D, threadIdx.x, kWarps * 32);
   __syncthreads();
 
-  SideView K, V;
-  K.init(job.k, kvh);
-  V.init(job.v, kvh);
-  Keys keys;
-  keys.init(job);
+  JobView jv;
+  jv.init(job, kvh);
+  const SideView &K = jv.k, &V = jv.v;
+  const Keys& keys = jv.keys;
   const uint32_t d0 = lane * kE;  // this lane's output dims [d0, d0 + kE)
   const bool v_lane = d0 < D;
   State<kG, kE> st;
@@ -312,11 +322,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const int gh = static_cast<int>(min(static_cast<uint32_t>(kG), group_heads - blockIdx.z * kG));
   load_query<kG>(q_s, job, h0, gh, D, lane, 32);
   __syncwarp();
-  SideView K, V;
-  K.init(job.k, kvh);
-  V.init(job.v, kvh);
-  Keys keys;
-  keys.init(job);
+  JobView jv;
+  jv.init(job, kvh);
+  const SideView &K = jv.k, &V = jv.v;
+  const Keys& keys = jv.keys;
   const uint32_t d0 = lane * kE;
   const bool v_lane = d0 < D;
   State<kG, kE> run, st;

@@ -142,6 +142,18 @@ struct ScaleGather {
   static constexpr Tables kTables = make();
 };
 
+// The 128-byte window p of a chunk's bytes [0, bytes) as two zmm, bytes
+// past the chunk read as zero (masked loads: nothing past it is touched).
+inline void load_window(const uint8_t* first, size_t bytes, size_t p, __m512i z[2]) {
+#pragma GCC unroll 2
+  for (size_t h = 0; h < 2; ++h) {
+    const size_t at = 128 * p + 64 * h;
+    const size_t left = bytes > at ? bytes - at : 0;
+    const __mmask64 m = left >= 64 ? ~__mmask64{0} : (__mmask64{1} << left) - 1;
+    z[h] = _mm512_maskz_loadu_epi8(m, first + at);
+  }
+}
+
 template <size_t Stride, size_t Off>
 inline Vec16 scales_f16(const uint8_t* first, size_t n) {
   static_assert(Stride % 2 == 0 && Off % 2 == 0);
@@ -151,13 +163,7 @@ inline Vec16 scales_f16(const uint8_t* first, size_t n) {
 #pragma GCC unroll 8
   for (size_t p = 0; p < G::kWindows; ++p) {
     __m512i z[2];
-#pragma GCC unroll 2
-    for (size_t h = 0; h < 2; ++h) {
-      const size_t at = 128 * p + 64 * h;
-      const size_t left = bytes > at ? bytes - at : 0;
-      const __mmask64 m = left >= 64 ? ~__mmask64{0} : (__mmask64{1} << left) - 1;
-      z[h] = _mm512_maskz_loadu_epi8(m, first + at);
-    }
+    load_window(first, bytes, p, z);
     const __m512i idx = _mm512_load_si512(G::kTables.idx[p]);
     acc = _mm512_mask_blend_epi16(G::kTables.mask[p], acc,
                                   _mm512_permutex2var_epi16(z[0], idx, z[1]));
@@ -199,13 +205,7 @@ inline void scales_f16_pair(const uint8_t* first, size_t n, Vec16& lo, Vec16& hi
 #pragma GCC unroll 8
   for (size_t p = 0; p < G::kWindows; ++p) {
     __m512i z[2];
-#pragma GCC unroll 2
-    for (size_t h = 0; h < 2; ++h) {
-      const size_t at = 128 * p + 64 * h;
-      const size_t left = bytes > at ? bytes - at : 0;
-      const __mmask64 m = left >= 64 ? ~__mmask64{0} : (__mmask64{1} << left) - 1;
-      z[h] = _mm512_maskz_loadu_epi8(m, first + at);
-    }
+    load_window(first, bytes, p, z);
     acc = _mm512_mask_blend_epi32(
         G::kTables.mask[p], acc,
         _mm512_permutex2var_epi32(z[0], _mm512_load_si512(G::kTables.idx[p]), z[1]));

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/cpu.h"
+#include "core/error.h"
 #include "model/model.h"
 #include "model/test_models.h"
 
@@ -63,6 +64,35 @@ TEST(BatchInvariance, SmolLM2LogitsIdenticalAloneBatchedChunkedThreaded) {
     EXPECT_EQ(std::memcmp(got.data(), solo.data(), solo.size() * 4), 0)
         << "chunk=" << c.chunk << " threads=" << c.threads << " batched=" << c.batched;
   }
+}
+
+// A step given output needs for another number of outputs is refused by
+// name, and the cache is left as it was.
+TEST(ModelStep, WrongNumberOfOutputNeedsIsRefused) {
+  auto m = load_model(test::data_path("models/tiny-llama-f32.gguf"));
+  ThreadPool pool(1);
+  kernels::Context ctx{&pool, best_cpu_path()};
+  kv::BatchKv kv(m->config().kv_spec());
+  const std::vector<int32_t> a = {1, 2, 3}, b = {4, 5};
+  kv.prepare_prefill(std::vector<size_t>{a.size(), b.size()});
+  const std::vector<RowInput> rows = {RowInput{a}, RowInput{b}};
+  const std::vector<OutputNeed> needs(3);  // two outputs, three needs
+  StepOutputs out;
+  const size_t len0 = kv.table().row(0).length();
+  try {
+    m->step(ctx, kv, rows, needs, out);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("3 output needs for a step of 2 outputs"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(kv.table().row(0).length(), len0);
+  // The same step with the right count runs.
+  const std::vector<OutputNeed> two(2);
+  m->step(ctx, kv, rows, two, out);
+  EXPECT_EQ(out.size(), 2u);
+  EXPECT_EQ(out.row(1).full.size(), m->config().vocab_size);
 }
 
 }  // namespace
