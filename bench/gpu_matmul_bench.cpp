@@ -10,6 +10,9 @@
 // 2 n_rows n_out n_in. The ceilings (a 1 GB device copy, counting read +
 // write; cuBLAS on 8192^3 bf16) are measured first, in the same run.
 //   gpu_matmul_bench [--sweep]     (--sweep also times every tile variant)
+//   gpu_matmul_bench --q8 [--sweep] int8 mode instead: cuda::matmul_q8 on
+//   Q4_K and Q6_K weights (every variant with --sweep), quantize_q8, and
+//   matmul_gguf (exact mode) on the same weights.
 // Built with -DFERRY_CUDA=ON (tests/CMakeLists.txt); needs a GPU.
 //
 // Seen on an H200 (2026-11-30; copy 4225 GB/s, cuBLAS 796 TFLOP/s), matmul_tc
@@ -31,6 +34,7 @@
 #include "core/dtype.h"
 #include "core/half.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/matmul_q8.cuh"
 #include "cuda/matmul_tc.cuh"
 
 using namespace ferry;
@@ -114,10 +118,84 @@ struct Bufs {
   float* y = nullptr;
 };
 
+// Int8 mode: matmul_q8 per weight type, shape and row count (weights of
+// random bytes: only the speed is measured). GB/s counts the weight bytes.
+void q8_bench(bool sweep, double copy_gbs) {
+  const Shape shapes[] = {{"kv 4096->1024", 4096, 1024}, {"qo 4096->4096", 4096, 4096},
+                          {"up 4096->14336", 4096, 14336}, {"down 14336->4096", 14336, 4096},
+                          {"head 4096->128256", 4096, 128256}};
+  const size_t row_counts[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+  const size_t max_rows = 256;
+  std::printf("\n%-6s %-18s %4s %-9s %8s %6s %5s %8s %8s%s\n", "type", "shape", "rows", "variant",
+              "q8 us", "GB/s", "%HBM", "quant us", "gguf us", sweep ? "  | every variant (us)" : "");
+  for (DType t : {DType::Q4_K, DType::Q6_K})
+    for (const Shape& s : shapes) {
+      const size_t wbytes = row_bytes(t, s.n_in) * s.n_out;
+      const size_t copies = std::max<size_t>(2, ((size_t{256} << 20) + wbytes - 1) / wbytes);
+      std::vector<uint8_t*> w(copies);
+      for (auto& p : w) p = reinterpret_cast<uint8_t*>(random_bf16((wbytes + 16 + 1) / 2));
+      float *x = nullptr, *y = nullptr, *d = nullptr, *dsum = nullptr;
+      int8_t* codes = nullptr;
+      CK(cudaMalloc(&x, max_rows * s.n_in * 4));
+      CK(cudaMemset(x, 0x3c, max_rows * s.n_in * 4));
+      CK(cudaMalloc(&y, max_rows * s.n_out * 4));
+      CK(cudaMalloc(&codes, max_rows * s.n_in));
+      CK(cudaMalloc(&d, max_rows * s.n_in / 32 * 4));
+      CK(cudaMalloc(&dsum, max_rows * s.n_in / 32 * 4));
+      cuda::quantize_q8(x, max_rows, s.n_in, codes, d, dsum, nullptr);
+      auto q8 = [&](size_t rows, long cfg) {
+        return time_launches(
+            [&](size_t i) {
+              const size_t c = i % copies;
+              if (cfg < 0)
+                cuda::matmul_q8(w[c], t, s.n_in, s.n_out, codes, d, dsum, rows, y, nullptr);
+              else
+                cuda::q8::matmul_q8_with(static_cast<size_t>(cfg), w[c], t, s.n_in, s.n_out,
+                                         codes, d, dsum, rows, y, nullptr);
+            },
+            cfg < 0 ? 15 : 5);
+      };
+      for (size_t rows : row_counts) {
+        const double tq = q8(rows, -1);
+        const double tz = time_launches(
+            [&](size_t) { cuda::quantize_q8(x, rows, s.n_in, codes, d, dsum, nullptr); }, 9);
+        double tg = 0;
+        if (rows <= 8)
+          tg = time_launches(
+              [&](size_t i) {
+                cuda::matmul_gguf(w[i % copies], t, s.n_in, s.n_out, x, rows, y, nullptr);
+              },
+              7);
+        std::printf("%-6s %-18s %4zu %-9s %8.1f %6.0f %4.0f%% %8.1f %8.1f",
+                    std::string(dtype_traits(t).name).c_str(), s.name, rows,
+                    cuda::q8::config(cuda::q8::choose_config(s.n_out, rows)).name, tq * 1e6,
+                    wbytes / tq / 1e9, 100 * wbytes / tq / 1e9 / copy_gbs, tz * 1e6, tg * 1e6);
+        if (sweep) {
+          std::printf("  |");
+          for (size_t i = 0; i < cuda::q8::n_configs(); ++i) {
+            const auto& c = cuda::q8::config(i);
+            if ((c.wn == 0) != (rows <= 8) && rows != 8 && rows != 16) continue;  // off-range
+            std::printf(" %s %.1f", c.name, q8(rows, static_cast<long>(i)) * 1e6);
+          }
+        }
+        std::printf("\n");
+        std::fflush(stdout);
+      }
+      for (auto* p : w) CK(cudaFree(p));
+      for (void* p : {static_cast<void*>(x), static_cast<void*>(y), static_cast<void*>(codes),
+                      static_cast<void*>(d), static_cast<void*>(dsum)})
+        CK(cudaFree(p));
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool sweep = argc > 1 && std::strcmp(argv[1], "--sweep") == 0;
+  bool sweep = false, q8 = false;
+  for (int i = 1; i < argc; ++i) {
+    sweep = sweep || std::strcmp(argv[i], "--sweep") == 0;
+    q8 = q8 || std::strcmp(argv[i], "--q8") == 0;
+  }
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
@@ -156,6 +234,11 @@ int main(int argc, char** argv) {
                 copy_gbs, peak_tflops);
   }
 
+  if (q8) {
+    q8_bench(sweep, copy_gbs);
+    cublasDestroy(blas);
+    return 0;
+  }
   const size_t row_counts[] = {1, 8, 64, 256};
   const size_t sweep_rows[] = {1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256};
   const size_t max_rows = 256;

@@ -22,8 +22,9 @@ void DeviceOptions::add_to(CLI::App* cmd) {
                 "GPU: replay repeated step shapes (decode steps) as CUDA graphs")
       ->capture_default_str();
   cmd->add_option("--matmul", matmul,
-                  "CPU products of quantized weights: int8 (fast; activations quantized to 8 "
-                  "bits per block of 32) or exact (float32)")
+                  "Products of quantized weights: int8 (fast; activations quantized to 8 "
+                  "bits per block of 32; on the GPU for Q4_K and Q6_K weights) or exact "
+                  "(float32)")
       ->capture_default_str()
       ->check(CLI::IsMember({"int8", "exact"}));
 }
@@ -65,6 +66,7 @@ void DeviceOptions::apply(model::Model& m, bool quiet) const {
   cuda::CudaOptions o;
   o.deterministic = deterministic;
   o.graphs = cuda_graphs;
+  o.matmul = matmul_mode();
   o.device = index;
   m.set_backend(cuda::make_backend(o));
   if (!quiet)

@@ -172,9 +172,12 @@ class CudaBackend final : public model::Backend {
   kernels::WeightView weight(const kernels::WeightView& host) override {
     kernels::WeightView d = host;
     const size_t bytes = host.row_bytes() * host.n_out;
-    void* p = device_alloc(bytes);
+    // 16 bytes of zero padding: matmul_q8 reads Q6_K rows in 16-byte-aligned
+    // windows that may reach up to 15 bytes past the last row.
+    void* p = device_alloc(bytes + kWeightPad);
     owned_.push_back(p);
     FERRY_CUDA_CHECK(cudaMemcpy(p, host.data, bytes, cudaMemcpyHostToDevice));
+    FERRY_CUDA_CHECK(cudaMemset(static_cast<uint8_t*>(p) + bytes, 0, kWeightPad));
     d.data = static_cast<const uint8_t*>(p);
     return d;
   }
@@ -244,10 +247,15 @@ class CudaBackend final : public model::Backend {
     if (replaying()) return;
     mark("matmul");
     const uint16_t* xb = nullptr;  // x in bf16, made on first use
+    Int8Rows xq;                   // x quantized for int8 mode, made on first use
     for (size_t i = 0; i < ws.size(); ++i) {
       const kernels::WeightView& w = ws[i];
       const bool small = opts_.deterministic || n_rows <= kFastMatvecRows;
-      if (!small) {
+      if (int8_takes(w)) {
+        if (!xq.codes) xq = quantize_rows(x, n_rows, w.n_in);
+        cuda::matmul_q8(w.data, w.type, w.n_in, w.n_out, xq.codes, xq.d, xq.dsum, n_rows, ys[i],
+                        stream_);
+      } else if (!small) {
         matmul_cublas(w, x, n_rows, ys[i]);
       } else if (w.type == DType::BF16 || w.type == DType::F16) {
         if (!xb) {
@@ -261,6 +269,28 @@ class CudaBackend final : public model::Backend {
         cuda::matmul_gguf(w.data, w.type, w.n_in, w.n_out, x, n_rows, ys[i], stream_);
       }
     }
+  }
+
+  // Int8 mode (--matmul int8, the CLI's default) takes Q4_K and Q6_K weights
+  // to matmul_q8 in both modes: its results never depend on the batch.
+  bool int8_takes(const kernels::WeightView& w) const {
+    return opts_.matmul == kernels::MatmulMode::Int8 && cuda::q8_supported(w.type) &&
+           w.n_in % 256 == 0;
+  }
+  struct Int8Rows {
+    const int8_t* codes = nullptr;
+    const float *d = nullptr, *dsum = nullptr;
+  };
+  // x quantized once per product call (shared by the weights of a call).
+  Int8Rows quantize_rows(const float* x, size_t n_rows, size_t n_in) {
+    const size_t codes = (n_rows * n_in + 255) / 256 * 256, blocks = n_rows * (n_in / 32);
+    const size_t block_bytes = (blocks * sizeof(float) + 255) / 256 * 256;
+    uint8_t* p = static_cast<uint8_t*>(xq_.get(codes + 2 * block_bytes, stream_));
+    Int8Rows r{reinterpret_cast<int8_t*>(p), reinterpret_cast<float*>(p + codes),
+               reinterpret_cast<float*>(p + codes + block_bytes)};
+    cuda::quantize_q8(x, n_rows, n_in, const_cast<int8_t*>(r.codes), const_cast<float*>(r.d),
+                      const_cast<float*>(r.dsum), stream_);
+    return r;
   }
 
   void rope(float* x, size_t n_heads, size_t head_dim, std::span<const int32_t> host_pos,
@@ -453,6 +483,7 @@ class CudaBackend final : public model::Backend {
   // Rows up to which ferry's bandwidth-bound kernel beats a GEMM library
   // even in fast mode (weights are read once per step either way).
   static constexpr size_t kFastMatvecRows = 8;
+  static constexpr size_t kWeightPad = 16;
   static constexpr size_t kBlasWorkspace = size_t{32} << 20;  // cuBLAS's advice for Hopper
 
   // y = x W^T through cuBLAS: W row-major [n_out, n_in] is column-major
@@ -588,7 +619,7 @@ class CudaBackend final : public model::Backend {
     cudaGraphExec_t exec = nullptr;
     // The buffers the graph's nodes point into, as when it was captured.
     const void *arena = nullptr, *staging = nullptr, *pinned = nullptr, *xtc = nullptr,
-               *writes = nullptr, *jobs = nullptr;
+               *xq = nullptr, *writes = nullptr, *jobs = nullptr;
   };
   static constexpr size_t kMaxGraphs = 300, kMaxShapesSeen = 4096;
 
@@ -615,7 +646,7 @@ class CudaBackend final : public model::Backend {
     }
     Graph& g = it->second;
     const bool same_buffers = g.arena == arena_.ptr && g.staging == staging_dev_ &&
-                              g.pinned == pinned_ && g.xtc == xtc_.ptr &&
+                              g.pinned == pinned_ && g.xtc == xtc_.ptr && g.xq == xq_.ptr &&
                               g.writes == step_writes_buf_.ptr && g.jobs == step_jobs_buf_.ptr;
     if (g.exec && same_buffers) {
       mode_ = Mode::Replay;
@@ -657,6 +688,7 @@ class CudaBackend final : public model::Backend {
       graph_->staging = staging_dev_;
       graph_->pinned = pinned_;
       graph_->xtc = xtc_.ptr;
+      graph_->xq = xq_.ptr;
       graph_->writes = step_writes_buf_.ptr;
       graph_->jobs = step_jobs_buf_.ptr;
       ++n_graphs_;
@@ -673,7 +705,7 @@ class CudaBackend final : public model::Backend {
   void* blas_workspace_ = nullptr;
   std::shared_ptr<DeviceKvAllocator> kv_alloc_;
   std::vector<void*> owned_;  // weights and vectors
-  Growable arena_, dequant_, xconv_, xtc_, select_;
+  Growable arena_, dequant_, xconv_, xtc_, xq_, select_;
   // Staging for uploads: pinned host memory and its device twin.
   void* pinned_ = nullptr;
   void* staging_dev_ = nullptr;

@@ -18,7 +18,7 @@
 //   (cuda_ops.h), whose reduction order per output is fixed, so a row's
 //   logits are bit-identical whatever else is in the batch (dense bf16/f16
 //   weights on tensor cores with bf16 activations, GGUF block types on
-//   matmul_gguf in f32);
+//   matmul_gguf in f32, or Q4_K / Q6_K on matmul_q8 in int8 mode);
 // - fast: products of more than a few rows go through cuBLAS in bf16
 //   (whose kernel choice depends on the batch size), for throughput.
 #pragma once
@@ -36,6 +36,12 @@ struct CudaOptions {
   // Replay repeated step shapes (decode steps of the same batch size) as
   // CUDA graphs: one launch per step instead of one per kernel.
   bool graphs = true;
+  // How quantized weights multiply (kernels::MatmulMode, as on the CPU):
+  // Exact decodes them to f32 (matmul_gguf); Int8 quantizes the activations
+  // per 32-element block and takes Q4_K / Q6_K weights to matmul_q8's
+  // integer tensor-core products (other types stay on matmul_gguf). The
+  // CLI's --matmul (default int8) sets it.
+  kernels::MatmulMode matmul = kernels::MatmulMode::Exact;
 };
 
 // Throws ferry::Error("[cuda] ...") when no usable GPU is present.

@@ -67,6 +67,34 @@ void matmul_gguf(const uint8_t* w, DType type, size_t n_in, size_t n_out, const 
 void matmul_tc(const uint16_t* w, bool w_f16, size_t n_in, size_t n_out, const uint16_t* x,
                size_t n_rows, float* y, cudaStream_t stream);
 
+// MatmulMode::Int8 on the GPU (docs/CUDA.md, "Int8 mode"): activations
+// quantized per 32-element block as the CPU does (kernels/ops.h: d =
+// amax / 127, codes round_even(x / d) clamped to [-127, 127]; a block with
+// a non-finite element gets zero codes and a non-finite d), then integer
+// dot products on the tensor cores against the weight's codes.
+//
+// quantize_q8: x [n_rows, n_in] (n_in % 32 == 0) into codes [n_rows, n_in]
+// (int8, natural order), d [n_rows, n_in / 32] and dsum = float(sum of the
+// block's codes) * d. Codes, d and dsum are bit-identical to the CPU's.
+void quantize_q8(const float* x, size_t n_rows, size_t n_in, int8_t* codes, float* d, float* dsum,
+                 cudaStream_t stream);
+// The weight types matmul_q8 takes: Q4_K and Q6_K.
+bool q8_supported(DType type);
+// y[r, j] for a Q4_K or Q6_K weight against quantize_q8's output. The
+// weight is read up to 15 bytes past its last row (the backend pads its
+// weight copies; callers allocating their own must too); n_in % 256 == 0,
+// w 16-byte aligned. Every y[r, j] is one fixed sequence of f32 steps:
+// per super-block, in order, a chain over its pieces p (Q4_K: 32-element
+// sub-blocks, Q6_K: 16-element ones) in order,
+//   part = +0
+//   part = fma(dw_p * dx_b, float(isum_p), part)   isum_p exact int32
+//   part = fma(-(dmin * mn_p), dsum_b, part)        (Q4_K only)
+// then y = y + part (y from +0), with dw_p = d * sc_p as the decoders form
+// it and b the activation block holding piece p; so y does not depend on
+// n_rows, r, or the kernel and tile chosen (matmul_q8.cu).
+void matmul_q8(const uint8_t* w, DType type, size_t n_in, size_t n_out, const int8_t* codes,
+               const float* d, const float* dsum, size_t n_rows, float* y, cudaStream_t stream);
+
 // Weight rows decoded to bf16 ([n_out, n_in]), for the cuBLAS path.
 void dequantize_bf16(const uint8_t* w, DType type, size_t n_in, size_t n_out, uint16_t* out,
                      cudaStream_t stream);

@@ -60,6 +60,7 @@
 
 #include "cuda/common_impl.cuh"
 #include "cuda/matmul_tc.cuh"
+#include "cuda/ptx_impl.cuh"
 
 namespace ferry::cuda {
 namespace tc {
@@ -68,32 +69,12 @@ namespace {
 using detail::bf2f;
 using detail::f2bf;
 using detail::h2f;
+using detail::cp_async16;
+using detail::cp_async_commit;
+using detail::cp_async_wait;
+using detail::ldsm_x2;
+using detail::ldsm_x4;
 
-// ---- PTX wrappers (sm_80+) ---------------------------------------------------
-
-// 16 bytes global -> shared; zero-filled (nothing read) when !ok.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
-                                        uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x2(uint32_t addr, uint32_t& r0, uint32_t& r1) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
-               : "=r"(r0), "=r"(r1)
-               : "r"(addr));
-}
 // d += A B for one m16n8k16 tile: a = A fragment (rows g / g+8, k pairs),
 // b = B fragment (k pairs, column g); d[0..1] = (g, 2c..2c+1),
 // d[2..3] = (g + 8, 2c..2c+1), g = lane / 4, c = lane % 4.

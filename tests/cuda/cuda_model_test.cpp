@@ -23,11 +23,13 @@ namespace ferry::model {
 namespace {
 
 std::unique_ptr<Model> gpu_model(const std::string& path, bool deterministic = true,
-                                 bool graphs = true) {
+                                 bool graphs = true,
+                                 kernels::MatmulMode matmul = kernels::MatmulMode::Exact) {
   auto m = load_model(path);
   cuda::CudaOptions o;
   o.deterministic = deterministic;
   o.graphs = graphs;
+  o.matmul = matmul;
   m->set_backend(cuda::make_backend(o));
   return m;
 }
@@ -80,6 +82,7 @@ double max_rel_diff(const std::vector<std::vector<float>>& a,
 // so their bound is 3e-2, the size of bf16 rounding accumulated over a few
 // layers.
 constexpr double kTinyTolerance = 1e-4, kBf16Tolerance = 3e-2, kSmolTolerance = 5e-4;
+constexpr double kInt8Tolerance = kTinyTolerance;
 
 // Greedy tokens must agree wherever the CPU's best logit leads the second by
 // more than twice the tolerance (closer calls may flip within it).
@@ -133,6 +136,38 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, TinyGpuTest,
                                            "tiny-llama-q4_k", "tiny-llama-q5_k", "tiny-llama-q6_k",
                                            "tiny-llama3-f32", "tiny-mistral-f32",
                                            "tiny-mistral-sw4-f32"));
+
+// Int8 mode: the GPU (matmul_q8 for Q4_K and Q6_K) against the CPU in int8
+// mode. Both quantize the activations to the same codes (tested bit for bit
+// in matmul_q8_test.cpp); they sum the block terms in different orders
+// (one chain against 16 lanes), the same kind of difference as in exact
+// mode, so the bound is kTinyTolerance again.
+class TinyGpuInt8Test : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(TinyGpuInt8Test, LogitsMatchCpuInt8AndGreedyAgrees) {
+  const std::string name = GetParam();
+  const std::string path = test::data_path("models/" + name + ".gguf");
+  auto cpu = load_model(path);
+  auto gpu = gpu_model(path, true, true, kernels::MatmulMode::Int8);
+  ThreadPool pool(2);
+  kernels::Context ctx{&pool, best_cpu_path(), kernels::MatmulMode::Int8};
+  std::mt19937 rng(11);
+  for (size_t len : {1u, 7u, 30u}) {
+    std::vector<int32_t> prompt(len);
+    for (auto& t : prompt) t = static_cast<int32_t>(rng() % cpu->config().vocab_size);
+    std::vector<int32_t> cpu_tokens;
+    auto ref = trajectory(*cpu, ctx, prompt, {}, 24, &cpu_tokens);
+    auto got = trajectory(*gpu, ctx, prompt, cpu_tokens, 24, nullptr);
+    const double d = max_rel_diff(ref, got);
+    EXPECT_LE(d, kInt8Tolerance) << name << " prompt " << len;
+    expect_greedy_agrees(ref, got, kInt8Tolerance, name + " prompt " + std::to_string(len));
+    std::printf("[gpu-vs-cpu int8] %s prompt %zu: max diff %.3g of the largest logit\n",
+                name.c_str(), len, d);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyModels, TinyGpuInt8Test,
+                         ::testing::Values("tiny-llama-q4_k", "tiny-llama-q6_k"));
 
 TEST(SmolLM2Gpu, LogitsMatchCpuAndGreedy32Identical) {
   const std::string path = test::smollm2_path();
@@ -486,6 +521,16 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, GpuScheduleTest,
                                            std::tuple("tiny-mistral-sw4-f32", "bf16"),
                                            std::tuple("tiny-llama-q4_k", "q8g32"),
                                            std::tuple("tiny-llama-q4_k", "q4g64")));
+
+// Int8 mode keeps the promise too: matmul_q8's tile variants change with
+// the step's row count, its results do not.
+TEST(GpuScheduleInt8, RowsMatchSoloBitForBit) {
+  for (const char* model : {"tiny-llama-q4_k", "tiny-llama-q6_k"}) {
+    auto m = gpu_model(test::data_path(std::string("models/") + model + ".gguf"), true, true,
+                       kernels::MatmulMode::Int8);
+    run_schedule(*m, kernels::KvFormat::f16(), kernels::KvFormat::f16(), 16, 5);
+  }
+}
 
 TEST(SmolLM2GpuSchedule, RowsMatchSoloBitForBit) {
   if (!std::filesystem::exists(test::smollm2_path())) GTEST_SKIP();

@@ -11,8 +11,8 @@
 # Environment: SHAPE (llama-3.1-8b), TYPES (bf16), RUNS (which groups:
 # single,batch,kv,hf; also llamacpp, with LLAMA_CUDA_BIN), BATCHES
 # (64,256), MODES (deterministic,fast; also nographs: deterministic without
-# CUDA graphs), KV_Q8
-# (set: also 8-bit KV at 4k).
+# CUDA graphs), MATMUL (int8 or exact: --matmul for quantized weights;
+# ferry's default, int8, if unset), KV_Q8 (set: also 8-bit KV at 4k).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build-cuda}
@@ -65,6 +65,7 @@ for t in ${types//,/ }; do
       nographs) flags=(--deterministic --no-cuda-graphs) ;;  # kernel by kernel
       *) echo "unknown mode $mode (deterministic, fast, nographs)" >&2; exit 2 ;;
     esac
+    [[ -n ${MATMUL:-} ]] && flags+=(--matmul "$MATMUL") && tag=$tag-$MATMUL
     if has single; then
       fb "$tag-single" -m "$model" "${flags[@]}" --requests 3 --concurrency 1 --warmup 1 \
         --prompt-tokens 128 --output-tokens 128
