@@ -1,26 +1,35 @@
 // Attention of each query token over its own cache row's keys, reading
 // dense (f32/f16/bf16) or affine K/V in place.
 //
-// Blocking. A block is (job, kv head, chunk of up to kG query heads of that
-// kv head's GQA group), so K and V are read once for the whole group. Its
-// kWarps warps split the job's keys (logical index n over seg[0] then
-// seg[1]) in tiles of 32: warp w takes tiles w, w + kWarps, ... For a tile,
-// lane l scores key 32 t + l for every head (its own K row, 16 elements at a
-// time, q from shared memory), the warp updates an online softmax (max and
-// sum by fixed butterflies), then walks the tile's keys in order with each
-// lane accumulating p * V for its kE output dimensions (V rows read
-// coalesced). Finally the warps' states are folded into warp 0's in the
-// fixed order 1, 2, ..., kWarps - 1.
+// Arithmetic of one query head (the determinism contract). The job's keys
+// (logical index n over seg[0] then seg[1]) are cut into tiles of 32;
+// "virtual warp" w (0 <= w < kVirtual = 32) takes tiles w, w + 32, ... For
+// a tile, lane l scores key 32 t + l (its own K row, 16 elements at a time,
+// FMA in element order, q from shared memory), the warp updates an online
+// softmax (max and sum by fixed butterflies), then walks the tile's keys in
+// order with each lane accumulating p * V for its kE output dimensions.
+// The states of the virtual warps that have tiles are then folded in the
+// fixed order 0, 1, 2, ... (fold_weights), and out = acc / l.
+//
+// Kernels (all with that arithmetic, so they give the same bits; the tests
+// compare them):
+// - attention_kernel: a block per (job, kv head, chunk of up to kG query
+//   heads of that kv head's GQA group), so K and V are read once for the
+//   group; its kWarps = 8 warps run the virtual warps in rounds of 8 (warp
+//   r takes virtual warp 8 k + r in round k), folding each round into the
+//   block's state in order. Decode steps of several jobs.
+// - attention_warp_kernel: one warp per job running the virtual warps one
+//   after another; a block's warps are consecutive jobs (a prompt chunk's
+//   queries share K/V through L1). Steps of many jobs (prefill).
+// - attention_split_kernel + attention_merge_kernel: one single-warp block
+//   per (job, query head, virtual warp) writing its state to a workspace,
+//   then one warp per (job, query head) folding them. Steps of few jobs
+//   (single-stream decode), where the others leave most SMs idle and long
+//   contexts latency-bound: up to 32x the warps in flight.
 //
 // Determinism: all of that depends only on the job's own keys and shape,
 // never on the other jobs or the grid, so a query's output is bit-identical
-// alone or in any batch.
-//
-// Bandwidth: K and V bytes are read once per (job, kv head); with few jobs
-// (single-stream decode) a block takes one query head instead (kFewJobs),
-// reading K/V once per head for n_heads blocks in parallel. Long contexts
-// stay latency-bound there; a fixed split over keys with a second merge
-// pass (needs a workspace) is the next step.
+// alone or in any batch, whichever kernel runs it.
 #include <algorithm>
 
 #include "cuda/common_impl.cuh"
@@ -32,7 +41,8 @@ namespace {
 using namespace detail;
 using Kind = kernels::KvFormat::Kind;
 
-constexpr int kWarps = 8;
+constexpr int kWarps = 8;     // warps of attention_kernel's and attention_warp_kernel's blocks
+constexpr int kVirtual = 32;  // virtual warps of the contract
 
 // One side (K or V) of one kv head, with the plane pointers advanced to the head.
 struct SideView {
@@ -123,6 +133,9 @@ struct Keys {
   }
   __device__ __forceinline__ size_t slot(size_t i) const { return i < len0 ? b0 + i : b1 + (i - len0); }
 };
+__device__ __forceinline__ size_t n_tiles(const Keys& k) {
+  return (k.n + 31) / 32;
+}
 
 // A job's K and V sides at one kv head, and its keys.
 struct JobView {
@@ -223,9 +236,8 @@ __device__ __forceinline__ void fold_weights(float m_run, float m_add, float& mm
 
 // kG: query heads per block (rounded-up power of two, <= 8); kE: output
 // dimensions per lane (2, 4 or 8: the smallest with D <= 32 * kE).
-// Dynamic shared memory: q [kG][D], acc [kG][D], m [kG], l [kG] floats.
-// Warp w runs tiles w, w + kWarps, ...; the warps' states are then folded
-// into warp 0's in the fixed order 1, 2, ..., kWarps - 1.
+// Dynamic shared memory: q [kG][D], acc [kG][D], m [kG], l [kG] floats
+// (the folded state).
 // Two blocks per SM: without the bound the kG = 4 variant took 169
 // registers (one block, 8 warps per SM) and decode steps were latency-bound.
 template <int kG, int kE>
@@ -258,39 +270,49 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const Keys& keys = jv.keys;
   const uint32_t d0 = lane * kE;  // this lane's output dims [d0, d0 + kE)
   const bool v_lane = d0 < D;
-  State<kG, kE> st;
-  st.init();
-  for (size_t t0 = size_t{32} * warp; t0 < keys.n; t0 += size_t{32} * kWarps)
-    tile<kG, kE>(q_s, K, V, keys, t0, D, scale, lane, st);
-
-  // Fold warps into the shared state in order 0, 1, ..., kWarps - 1.
-  for (int w = 0; w < kWarps; ++w) {
-    if (warp == w) {
+  // The block's state starts empty (a job without keys writes zeros).
+  for (uint32_t i = threadIdx.x; i < kG * D; i += kWarps * 32) acc_s[i] = 0.0f;
+  if (threadIdx.x < kG) {
+    m_s[threadIdx.x] = -INFINITY;
+    l_s[threadIdx.x] = 0.0f;
+  }
+  __syncthreads();
+  const size_t n_virtual = min(n_tiles(keys), static_cast<size_t>(kVirtual));
+  for (size_t round = 0; round * kWarps < n_virtual; ++round) {
+    const size_t vw = round * kWarps + warp;
+    State<kG, kE> st;
+    st.init();
+    for (size_t t0 = 32 * vw; t0 < keys.n; t0 += size_t{32} * kVirtual)
+      tile<kG, kE>(q_s, K, V, keys, t0, D, scale, lane, st);
+    // Fold this round's virtual warps into the shared state, in order.
+    for (int w = 0; w < kWarps; ++w) {
+      if (warp == w && vw < n_virtual) {
 #pragma unroll
-      for (int h = 0; h < kG; ++h) {
-        if (w == 0) {
-          if (lane == 0) {
-            m_s[h] = st.m[h];
-            l_s[h] = st.l[h];
-          }
-          if (v_lane)
-            for (int e = 0; e < kE; ++e) acc_s[h * D + d0 + e] = st.acc[h][e];
-        } else {
-          float mm, a, b;
-          fold_weights(m_s[h], st.m[h], mm, a, b);
-          if (v_lane)
-            for (int e = 0; e < kE; ++e)
-              acc_s[h * D + d0 + e] =
-                  __fadd_rn(__fmul_rn(acc_s[h * D + d0 + e], a), __fmul_rn(st.acc[h][e], b));
-          __syncwarp();  // every lane read m_s before lane 0 rewrites it
-          if (lane == 0) {
-            m_s[h] = mm;
-            l_s[h] = __fadd_rn(__fmul_rn(l_s[h], a), __fmul_rn(st.l[h], b));
+        for (int h = 0; h < kG; ++h) {
+          if (vw == 0) {
+            if (lane == 0) {
+              m_s[h] = st.m[h];
+              l_s[h] = st.l[h];
+            }
+            if (v_lane)
+              for (int e = 0; e < kE; ++e) acc_s[h * D + d0 + e] = st.acc[h][e];
+          } else {
+            float mm, a, b;
+            fold_weights(m_s[h], st.m[h], mm, a, b);
+            if (v_lane)
+              for (int e = 0; e < kE; ++e)
+                acc_s[h * D + d0 + e] =
+                    __fadd_rn(__fmul_rn(acc_s[h * D + d0 + e], a), __fmul_rn(st.acc[h][e], b));
+            __syncwarp();  // every lane read m_s before lane 0 rewrites it
+            if (lane == 0) {
+              m_s[h] = mm;
+              l_s[h] = __fadd_rn(__fmul_rn(l_s[h], a), __fmul_rn(st.l[h], b));
+            }
           }
         }
       }
+      __syncthreads();
     }
-    __syncthreads();
   }
   for (uint32_t i = threadIdx.x; i < gh * D; i += kWarps * 32) {
     const uint32_t h = i / D;
@@ -299,14 +321,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   }
 }
 
-// The same arithmetic per job with one warp per job: the warp runs the
-// kWarps "virtual warps" of attention_kernel one after another (virtual
-// warp w: tiles w, w + kWarps, ...) and folds each into its running state
-// in the same order with the same operations, so every output is
-// bit-identical to attention_kernel's. A block's warps take consecutive
-// jobs, so a prompt chunk's queries (one cache row) share K/V through L1
-// instead of each job reading them alone: the variant for steps of many
-// jobs (prefill), where attention_kernel leaves warps idle on short rows.
+// One warp per job: the virtual warps one after another, each folded into
+// the running state in order. A block's warps take consecutive jobs, so a
+// prompt chunk's queries (one cache row) share K/V through L1 instead of
+// each job reading them alone: the variant for steps of many jobs
+// (prefill), where attention_kernel leaves warps idle on short rows.
 template <int kG, int kE>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     attention_warp_kernel(const AttentionJob* jobs, size_t n_jobs, uint32_t group_heads,
@@ -329,9 +348,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const uint32_t d0 = lane * kE;
   const bool v_lane = d0 < D;
   State<kG, kE> run, st;
-  for (int w = 0; w < kWarps; ++w) {
+  run.init();
+  const size_t n_virtual = min(n_tiles(keys), static_cast<size_t>(kVirtual));
+  for (size_t w = 0; w < n_virtual; ++w) {
     st.init();
-    for (size_t t0 = size_t{32} * w; t0 < keys.n; t0 += size_t{32} * kWarps)
+    for (size_t t0 = 32 * w; t0 < keys.n; t0 += size_t{32} * kVirtual)
       tile<kG, kE>(q_s, K, V, keys, t0, D, scale, lane, st);
     if (w == 0) {
       run = st;
@@ -359,6 +380,95 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   }
 }
 
+// Workspace layout of the split variant: per (job, query head, virtual
+// warp) one state [m, l, acc[D]].
+__device__ __forceinline__ float* split_state(float* ws, size_t job, uint32_t head,
+                                              uint32_t n_heads, uint32_t w, uint32_t D) {
+  return ws + ((job * n_heads + head) * kVirtual + w) * (D + 2);
+}
+
+// One virtual warp of one (job, query head): block (job, kv head, query
+// head in the group * kVirtual + w), one warp.
+template <int kE>
+__global__ void __launch_bounds__(32)
+    attention_split_kernel(const AttentionJob* jobs, uint32_t group_heads, uint32_t D,
+                           float scale, float* ws) {
+  __shared__ __align__(16) float q_s[256];
+  const int lane = static_cast<int>(threadIdx.x);
+  const uint32_t w = blockIdx.z % kVirtual, kvh = blockIdx.y;
+  const uint32_t h = kvh * group_heads + blockIdx.z / kVirtual;
+  const AttentionJob& job = jobs[blockIdx.x];
+  JobView jv;
+  jv.init(job, kvh);
+  if (32 * size_t{w} >= jv.keys.n) return;  // no tiles: not folded
+  load_query<1>(q_s, job, h, 1, D, lane, 32);
+  __syncwarp();
+  State<1, kE> st;
+  st.init();
+  for (size_t t0 = size_t{32} * w; t0 < jv.keys.n; t0 += size_t{32} * kVirtual)
+    tile<1, kE>(q_s, jv.k, jv.v, jv.keys, t0, D, scale, lane, st);
+  float* o = split_state(ws, blockIdx.x, h, gridDim.y * group_heads, w, D);
+  if (lane == 0) {
+    o[0] = st.m[0];
+    o[1] = st.l[0];
+  }
+  const uint32_t d0 = lane * kE;
+  if (d0 < D)
+    for (int e = 0; e < kE; ++e) o[2 + d0 + e] = st.acc[0][e];
+}
+
+// Folds a (job, query head)'s virtual warps in order: block (job, head).
+template <int kE>
+__global__ void __launch_bounds__(32)
+    attention_merge_kernel(const AttentionJob* jobs, uint32_t D, const float* ws) {
+  const int lane = static_cast<int>(threadIdx.x);
+  const AttentionJob& job = jobs[blockIdx.x];
+  Keys keys;
+  keys.init(job);
+  const uint32_t h = blockIdx.y, d0 = lane * kE;
+  const bool v_lane = d0 < D;
+  const size_t n_virtual = min(n_tiles(keys), static_cast<size_t>(kVirtual));
+  State<1, kE> run;
+  run.init();
+  for (uint32_t w = 0; w < n_virtual; ++w) {
+    const float* st = split_state(const_cast<float*>(ws), blockIdx.x, h, gridDim.y, w, D);
+    float acc[kE];
+    if (v_lane)
+      for (int e = 0; e < kE; ++e) acc[e] = st[2 + d0 + e];
+    if (w == 0) {
+      run.m[0] = st[0];
+      run.l[0] = st[1];
+      if (v_lane)
+        for (int e = 0; e < kE; ++e) run.acc[0][e] = acc[e];
+      continue;
+    }
+    float mm, a, b;
+    fold_weights(run.m[0], st[0], mm, a, b);
+    if (v_lane)
+      for (int e = 0; e < kE; ++e)
+        run.acc[0][e] = __fadd_rn(__fmul_rn(run.acc[0][e], a), __fmul_rn(acc[e], b));
+    run.l[0] = __fadd_rn(__fmul_rn(run.l[0], a), __fmul_rn(st[1], b));
+    run.m[0] = mm;
+  }
+  if (!v_lane) return;
+  const float inv = run.l[0] > 0.0f ? __fdiv_rn(1.0f, run.l[0]) : 0.0f;
+  float* o = job.out + size_t{h} * D + d0;
+  for (int e = 0; e < kE; ++e) o[e] = __fmul_rn(run.acc[0][e], inv);
+}
+
+template <int kE>
+void launch_split(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& s,
+                  uint32_t group_heads, float* ws, cudaStream_t stream) {
+  const uint32_t D = static_cast<uint32_t>(s.head_dim);
+  const dim3 grid(static_cast<unsigned>(n_jobs), static_cast<unsigned>(s.n_kv_heads),
+                  group_heads * kVirtual);
+  attention_split_kernel<kE><<<grid, 32, 0, stream>>>(jobs, group_heads, D, s.scale, ws);
+  FERRY_CUDA_LAUNCHED("attention_split_kernel");
+  const dim3 mgrid(static_cast<unsigned>(n_jobs), static_cast<unsigned>(s.n_heads));
+  attention_merge_kernel<kE><<<mgrid, 32, 0, stream>>>(jobs, D, ws);
+  FERRY_CUDA_LAUNCHED("attention_merge_kernel");
+}
+
 template <int kG, int kE>
 void launch(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& s,
             uint32_t group_heads, bool per_warp, cudaStream_t stream) {
@@ -379,15 +489,17 @@ void launch(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionSha
   FERRY_CUDA_LAUNCHED("attention_kernel");
 }
 
-// Below this many jobs a block takes one query head, not the GQA group:
-// a head's arithmetic is the same in every variant (the kG heads of a block
+// Below kFewJobs jobs a block takes one query head, not the GQA group: a
+// head's arithmetic is the same in every variant (the kG heads of a block
 // are computed independently, each in the order above), so this only trades
-// K/V re-reads for parallelism (single-stream decode: 32 blocks, not 8).
-constexpr size_t kFewJobs = 32;
+// K/V re-reads for parallelism (the per-block variant at few jobs, when no
+// workspace allows the split one).
 
 template <int kE>
 void launch_e(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& s,
-              uint32_t group_heads, bool per_warp, cudaStream_t stream) {
+              uint32_t group_heads, AttentionVariant variant, float* ws, cudaStream_t stream) {
+  if (variant == AttentionVariant::Split) return launch_split<kE>(jobs, n_jobs, s, group_heads, ws, stream);
+  const bool per_warp = variant == AttentionVariant::PerWarp;
   if (group_heads == 1 || n_jobs < kFewJobs)
     return launch<1, kE>(jobs, n_jobs, s, group_heads, per_warp, stream);
   if (group_heads == 2) return launch<2, kE>(jobs, n_jobs, s, group_heads, per_warp, stream);
@@ -397,9 +509,13 @@ void launch_e(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionS
 
 }  // namespace
 
+size_t attention_workspace_floats(size_t n_jobs, const kernels::AttentionShape& shape) {
+  return n_jobs < kFewJobs ? n_jobs * shape.n_heads * kVirtual * (shape.head_dim + 2) : 0;
+}
+
 void attention_variant(const AttentionJob* jobs, size_t n_jobs,
                        const kernels::AttentionShape& shape, AttentionVariant variant,
-                       cudaStream_t stream) {
+                       float* workspace, cudaStream_t stream) {
   if (n_jobs == 0) return;
   const size_t D = shape.head_dim;
   FERRY_CHECK(D % 16 == 0 && D > 0 && D <= 256, "attention", "head_dim=", D);
@@ -409,16 +525,22 @@ void attention_variant(const AttentionJob* jobs, size_t n_jobs,
   FERRY_CHECK(n_jobs <= 0x7fffffffu, "attention", n_jobs, " jobs");
   static_assert(sizeof(AttentionJob) % 4 == 0 && sizeof(AttentionJob) / 4 <= kWarps * 32);
   const uint32_t group_heads = static_cast<uint32_t>(shape.n_heads / shape.n_kv_heads);
-  const bool per_warp = variant == AttentionVariant::PerWarp ||
-                        (variant == AttentionVariant::Auto && n_jobs >= kManyJobs);
-  if (D <= 64) return launch_e<2>(jobs, n_jobs, shape, group_heads, per_warp, stream);
-  if (D <= 128) return launch_e<4>(jobs, n_jobs, shape, group_heads, per_warp, stream);
-  return launch_e<8>(jobs, n_jobs, shape, group_heads, per_warp, stream);
+  if (variant == AttentionVariant::Auto)
+    variant = n_jobs >= kManyJobs                         ? AttentionVariant::PerWarp
+              : workspace && n_jobs < kFewJobs            ? AttentionVariant::Split
+                                                          : AttentionVariant::PerBlock;
+  FERRY_CHECK(variant != AttentionVariant::Split || workspace, "attention",
+              "the split variant needs a workspace");
+  FERRY_CHECK(group_heads * size_t{kVirtual} <= 65535, "attention", "too many heads per group: ",
+              group_heads);
+  if (D <= 64) return launch_e<2>(jobs, n_jobs, shape, group_heads, variant, workspace, stream);
+  if (D <= 128) return launch_e<4>(jobs, n_jobs, shape, group_heads, variant, workspace, stream);
+  return launch_e<8>(jobs, n_jobs, shape, group_heads, variant, workspace, stream);
 }
 
 void attention(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& shape,
-               cudaStream_t stream) {
-  attention_variant(jobs, n_jobs, shape, AttentionVariant::Auto, stream);
+               float* workspace, cudaStream_t stream) {
+  attention_variant(jobs, n_jobs, shape, AttentionVariant::Auto, workspace, stream);
 }
 
 }  // namespace ferry::cuda

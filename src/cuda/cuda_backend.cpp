@@ -389,9 +389,13 @@ class CudaBackend final : public model::Backend {
     } else {
       d = build(layer);
     }
+    // The split variant's workspace (steps of few jobs), sized before any
+    // capture: a shape's first run is direct.
+    const size_t ws = cuda::attention_workspace_floats(places.size(), shape);
+    float* w = ws ? static_cast<float*>(attn_ws_.get(ws * sizeof(float), stream_)) : nullptr;
     if (replaying()) return;
     mark("attention");
-    cuda::attention(d, places.size(), shape, stream_);
+    cuda::attention(d, places.size(), shape, w, stream_);
   }
 
   // Greedy and top-k rows reduce on the device (select_logits) and copy
@@ -619,7 +623,7 @@ class CudaBackend final : public model::Backend {
     cudaGraphExec_t exec = nullptr;
     // The buffers the graph's nodes point into, as when it was captured.
     const void *arena = nullptr, *staging = nullptr, *pinned = nullptr, *xtc = nullptr,
-               *xq = nullptr, *writes = nullptr, *jobs = nullptr;
+               *xq = nullptr, *attn_ws = nullptr, *writes = nullptr, *jobs = nullptr;
   };
   static constexpr size_t kMaxGraphs = 300, kMaxShapesSeen = 4096;
 
@@ -647,7 +651,8 @@ class CudaBackend final : public model::Backend {
     Graph& g = it->second;
     const bool same_buffers = g.arena == arena_.ptr && g.staging == staging_dev_ &&
                               g.pinned == pinned_ && g.xtc == xtc_.ptr && g.xq == xq_.ptr &&
-                              g.writes == step_writes_buf_.ptr && g.jobs == step_jobs_buf_.ptr;
+                              g.attn_ws == attn_ws_.ptr && g.writes == step_writes_buf_.ptr &&
+                              g.jobs == step_jobs_buf_.ptr;
     if (g.exec && same_buffers) {
       mode_ = Mode::Replay;
       graph_ = &g;
@@ -689,6 +694,7 @@ class CudaBackend final : public model::Backend {
       graph_->pinned = pinned_;
       graph_->xtc = xtc_.ptr;
       graph_->xq = xq_.ptr;
+      graph_->attn_ws = attn_ws_.ptr;
       graph_->writes = step_writes_buf_.ptr;
       graph_->jobs = step_jobs_buf_.ptr;
       ++n_graphs_;
@@ -705,7 +711,7 @@ class CudaBackend final : public model::Backend {
   void* blas_workspace_ = nullptr;
   std::shared_ptr<DeviceKvAllocator> kv_alloc_;
   std::vector<void*> owned_;  // weights and vectors
-  Growable arena_, dequant_, xconv_, xtc_, xq_, select_;
+  Growable arena_, dequant_, xconv_, xtc_, xq_, attn_ws_, select_;
   // Staging for uploads: pinned host memory and its device twin.
   void* pinned_ = nullptr;
   void* staging_dev_ = nullptr;

@@ -31,13 +31,15 @@ void expand_jobs(const KvWrite* base, size_t n, const PlaneShift* shifts, size_t
 void expand_jobs(const AttentionJob* base, size_t n, const PlaneShift* shifts, size_t layers,
                  AttentionJob* out, cudaStream_t stream);
 
-// attention() with its kernel chosen: one block per job (Auto's choice for
-// fewer than kManyJobs jobs) or one warp per job (many). Both give
-// bit-identical outputs; tests compare them.
-enum class AttentionVariant { Auto, PerBlock, PerWarp };
-inline constexpr size_t kManyJobs = 512;
+// attention() with its kernel chosen: one block per job (Auto's choice
+// for kFewJobs to kManyJobs jobs), one warp per job (many), or one block
+// per (job, head, virtual warp) and a merge (fewer than kFewJobs, with a
+// workspace of attention_workspace_floats). All give bit-identical
+// outputs; tests compare them.
+enum class AttentionVariant { Auto, PerBlock, PerWarp, Split };
+inline constexpr size_t kFewJobs = 32, kManyJobs = 512;
 void attention_variant(const AttentionJob* jobs, size_t n_jobs,
                        const kernels::AttentionShape& shape, AttentionVariant variant,
-                       cudaStream_t stream);
+                       float* workspace, cudaStream_t stream);
 
 }  // namespace ferry::cuda

@@ -125,9 +125,14 @@ struct AttentionJob {
 // softmax(q . K^T * scale) V over exactly the task's key slots, for every
 // job and head; query head h reads kv head h / (n_heads / n_kv_heads).
 // Keys are visited in slot order (seg[0], then seg[1]) with a fixed
-// blocking, so the result does not depend on the other jobs.
+// blocking, so the result does not depend on the other jobs or on which
+// kernel runs them (attention.cu). `workspace` (device, at least
+// attention_workspace_floats(n_jobs, shape) floats, or null) lets steps of
+// few jobs split each job's keys over many blocks; without it they run
+// unsplit, with the same results.
+size_t attention_workspace_floats(size_t n_jobs, const kernels::AttentionShape& shape);
 void attention(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& shape,
-               cudaStream_t stream);
+               float* workspace, cudaStream_t stream);
 
 // Per row r of logits [n_rows, vocab], as jobs[r] asks: the top_n (at most
 // model::kMaxTopN) largest logits, value desc then id asc (-0 as +0, NaN

@@ -421,7 +421,10 @@ std::vector<float> gpu_attention(const AttnFixture& f, const std::vector<JobSpec
   DeviceBuffer<cuda::AttentionJob> d_jobs(jobs.size());
   CK(cudaMemcpy(d_jobs.get(), jobs.data(), jobs.size() * sizeof(cuda::AttentionJob),
                 cudaMemcpyHostToDevice));
-  cuda::attention_variant(d_jobs.get(), jobs.size(), f.shape(), variant, nullptr);
+  // Workspace for the split variant, whatever the batch (Auto picks it for
+  // fewer than kFewJobs jobs).
+  DeviceBuffer<float> ws(specs.size() * f.c.n_heads * 32 * (f.c.D + 2));
+  cuda::attention_variant(d_jobs.get(), jobs.size(), f.shape(), variant, ws.get(), nullptr);
   return d_out.download();
 }
 
@@ -512,10 +515,12 @@ TEST(CudaOps, AttentionJobIsBatchInvariant) {
   }
 }
 
-// The two attention kernels (a block per job for decode steps, a warp per
-// job for prefill steps) give the same bits for every job: keys from one
-// tile to thousands, wrapped segments, GQA groups of 1, 4 and 8, dense and
-// affine K/V, in batches below and above the automatic switch.
+// The attention kernels (a block per job for decode steps, a warp per job
+// for prefill steps, a block per (job, head, virtual warp) plus a merge for
+// steps of few jobs) give the same bits for every job: keys from one tile
+// to more than the 32 virtual warps' first round (1,200 keys), wrapped
+// segments, GQA groups of 1, 4 and 8, dense and affine K/V, in batches
+// below and above the automatic switches.
 TEST(CudaOps, AttentionVariantsAreBitIdentical) {
   REQUIRE_GPU();
   for (const AttnCase& ac :
@@ -537,9 +542,11 @@ TEST(CudaOps, AttentionVariantsAreBitIdentical) {
       const auto a = gpu_attention(f, specs, q, cuda::AttentionVariant::PerBlock);
       const auto b = gpu_attention(f, specs, q, cuda::AttentionVariant::PerWarp);
       const auto c = gpu_attention(f, specs, q, cuda::AttentionVariant::Auto);
+      const auto d = gpu_attention(f, specs, q, cuda::AttentionVariant::Split);
       ASSERT_EQ(first_bit_diff(a, b.data(), a.size()), -1)
           << "D=" << ac.D << " heads=" << ac.n_heads << "/" << ac.n_kv_heads << " batch=" << batch;
       ASSERT_EQ(first_bit_diff(a, c.data(), a.size()), -1) << "batch=" << batch;
+      ASSERT_EQ(first_bit_diff(a, d.data(), a.size()), -1) << "split, batch=" << batch;
     }
   }
 }
