@@ -3,7 +3,7 @@
 //
 // Arithmetic of one query head (the determinism contract). The job's keys
 // (logical index n over seg[0] then seg[1]) are cut into tiles of 32;
-// "virtual warp" w (0 <= w < kVirtual = 32) takes tiles w, w + 32, ... For
+// "virtual warp" w (0 <= w < kVirtual = 128) takes tiles w, w + 128, ... For
 // a tile, lane l scores key 32 t + l (its own K row, 16 elements at a time,
 // FMA in element order, q from shared memory), the warp updates an online
 // softmax (max and sum by fixed butterflies), then walks the tile's keys in
@@ -25,7 +25,7 @@
 //   per (job, query head, virtual warp) writing its state to a workspace,
 //   then one warp per (job, query head) folding them. Steps of few jobs
 //   (single-stream decode), where the others leave most SMs idle and long
-//   contexts latency-bound: up to 32x the warps in flight.
+//   contexts latency-bound: one warp per tile up to 4k keys.
 //
 // Determinism: all of that depends only on the job's own keys and shape,
 // never on the other jobs or the grid, so a query's output is bit-identical
@@ -42,7 +42,7 @@ using namespace detail;
 using Kind = kernels::KvFormat::Kind;
 
 constexpr int kWarps = 8;     // warps of attention_kernel's and attention_warp_kernel's blocks
-constexpr int kVirtual = 32;  // virtual warps of the contract
+constexpr int kVirtual = 128;  // virtual warps of the contract
 
 // One side (K or V) of one kv head, with the plane pointers advanced to the head.
 struct SideView {
