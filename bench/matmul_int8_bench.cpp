@@ -4,6 +4,9 @@
 // the median of `reps` timings of as many calls as fit in ~0.1 s (the
 // machine is shared and noisy). Weights are random and finite.
 //   matmul_int8_bench [reps=5] [types=Q8_0,Q4_1,Q4_0] [shape=all|576x1536|...] [hot|cold]
+//                     [rows=1,8,64]
+// A shape not in the built-in list (e.g. 2048x128256, a 1B model's output
+// head) runs alone when named.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -57,6 +60,14 @@ int main(int argc, char** argv) {
   }
   const std::string only = argc > 3 && std::string(argv[3]) != "all" ? argv[3] : "";
   const bool cold = argc > 4 && std::string(argv[4]) == "cold";
+  std::vector<size_t> row_counts;
+  const std::string rows_list = argc > 5 ? argv[5] : "1,8,64";
+  for (size_t p = 0; p < rows_list.size();) {
+    size_t e = rows_list.find(',', p);
+    if (e == std::string::npos) e = rows_list.size();
+    row_counts.push_back(std::strtoull(rows_list.substr(p, e - p).c_str(), nullptr, 10));
+    p = e + 1;
+  }
   const CpuPath path = best_cpu_path();
   std::printf("# path %s, avx512vnni %d, median of %d, %s weights\n",
               std::string(cpu_path_name(path)).c_str(), cpu_features().avx512vnni ? 1 : 0, reps,
@@ -66,7 +77,12 @@ int main(int argc, char** argv) {
   struct Shape {
     size_t n_in, n_out;
   };
-  const Shape shapes[] = {{576, 1536}, {1536, 576}, {576, 49152}, {2048, 8192}, {8192, 2048}};
+  std::vector<Shape> shapes = {{576, 1536}, {1536, 576}, {576, 49152}, {2048, 8192}, {8192, 2048}};
+  if (size_t x = only.find('x'); x != std::string::npos) {
+    const Shape named{std::strtoull(only.c_str(), nullptr, 10),
+                      std::strtoull(only.c_str() + x + 1, nullptr, 10)};
+    if (named.n_in > 0 && named.n_out > 0) shapes = {named};
+  }
   ThreadPool pool1(1), pool2(2);
   for (DType t : types)
     for (const Shape& s : shapes) {
@@ -83,7 +99,8 @@ int main(int argc, char** argv) {
         std::copy(wb.begin(), wb.end(), all.begin() + c * wb.size());
         ws.push_back({t, all.data() + c * wb.size(), s.n_in, s.n_out});
       }
-      for (size_t rows : {1u, 8u, 64u}) {
+      for (size_t rows : row_counts) {
+        if (rows == 0) continue;
         auto x = test::random_floats(rows * s.n_in, 2);
         std::vector<float> y(rows * s.n_out);
         for (ThreadPool* pool : {&pool1, &pool2}) {

@@ -14,6 +14,17 @@
 // natural layout (block l's codes at 32 l, as QuantRows holds them for
 // calls of few rows), lanes >= n zero.
 //
+// Q6_K needs the two half-block sums (codes 0-15 and 16-31) instead, for
+// unsigned codes: block_dots_halves<W>(w, x, lo, hi) (chunk layout) and
+// block_dots_natural_halves(w, x, n, lo, hi); lo + hi is block_dots. Its
+// weights: unpack_q6k(sb, dst) writes a super-block's 256 codes (0..63) in
+// the natural layout, q6k_scales(first, n, lo, hi) the int8 sub-block
+// scales of codes 0-15 / 16-31 of each of n = 8 or 16 blocks as int32
+// lanes, q6k_d(first, n) the f16 super-block scale per block lane, and
+// q6k_dots_direct(first, n, x, lo, hi) block_dots_natural_halves of the
+// codes unpack_q6k would write, from registers (first: the chunk's first
+// super-block; a second one follows at first + 210).
+//
 // unpack_codes<Nibbles>(src, stride, n, flip, dst) writes the 32 one-byte
 // codes of n blocks, block k's from src + k * stride, to dst + 32 k (the
 // natural layout): 32 bytes XOR flip (Q8_0), or 16 bytes of nibbles, low
@@ -29,7 +40,7 @@
 //   AVX-512      a zmm per 16 blocks x 4 codes, vpdpbusd with FERRY_INT8_VNNI, else
 //                vpmaddubsw + vpmaddwd.
 // vpmaddubsw saturates int16 pair sums: unsigned codes must stay below 129
-// (4- and 5-bit codes do), and signed weights use |w| * (x * sign w), whose
+// (4-, 5- and 6-bit codes do), and signed weights use |w| * (x * sign w), whose
 // pairs stay within 2 * 128 * 127. kQ8Unsigned says how this path wants Q8_0
 // codes: VNNI has no saturation, so it takes w + 128 as unsigned and the
 // caller subtracts 128 * sum(x); the others take them signed.
@@ -61,6 +72,10 @@ struct I32x16 {
     return {_mm512_sub_epi32(v, _mm512_slli_epi32(s.v, Shift))};
   }
   Vec16 to_float() const { return {_mm512_cvtepi32_ps(v)}; }
+  void store(int32_t* p) const { _mm512_storeu_si512(p, v); }
+  I32x16 operator+(I32x16 o) const { return {_mm512_add_epi32(v, o.v)}; }
+  I32x16 operator-(I32x16 o) const { return {_mm512_sub_epi32(v, o.v)}; }
+  I32x16 operator*(I32x16 o) const { return {_mm512_mullo_epi32(v, o.v)}; }
 };
 
 // Per 32-bit lane, the sum of four adjacent u8 x s8 products.
@@ -311,8 +326,10 @@ inline void transpose_chunk(const uint8_t* natural, uint8_t* out) {
 // Natural layout (block l's 32 codes at 32 l), for calls of few rows: no
 // transpose, the block sums come from a shuffle tree instead.
 // v[i] holds blocks 2i (128-bit lanes 0, 1) and 2i+1 (lanes 2, 3) as
-// partial sums; returns the sixteen block sums in block order.
-inline __m512i sum_blocks(const __m512i v[8]) {
+// partial sums; a block's lanes 0 and 2 hold its codes 0-15, lanes 1 and 3
+// its codes 16-31. sum_halves returns the sixteen half-block sums of codes
+// 0-15 (lo) and of codes 16-31 (hi) in block order; sum_blocks their sum.
+inline void sum_halves(const __m512i v[8], __m512i& lo, __m512i& hi) {
   __m512i u[4], w[2];
   // Per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] for a = v[2i], b = v[2i+1].
 #pragma GCC unroll 4
@@ -324,15 +341,21 @@ inline __m512i sum_blocks(const __m512i v[8]) {
   for (int k = 0; k < 2; ++k)
     w[k] = _mm512_add_epi32(_mm512_unpacklo_epi64(u[2 * k], u[2 * k + 1]),
                             _mm512_unpackhi_epi64(u[2 * k], u[2 * k + 1]));
-  // Block 2i = lanes 0+1 of v[i], block 2i+1 = lanes 2+3.
+  // Block 2i's halves = lanes 0, 1 of v[i], block 2i+1's = lanes 2, 3.
   const __m512i ia = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 16, 24, 17, 25, 18, 26, 19, 27);
   const __m512i ib = _mm512_setr_epi32(4, 12, 5, 13, 6, 14, 7, 15, 20, 28, 21, 29, 22, 30, 23, 31);
-  return _mm512_add_epi32(_mm512_permutex2var_epi32(w[0], ia, w[1]),
-                          _mm512_permutex2var_epi32(w[0], ib, w[1]));
+  lo = _mm512_permutex2var_epi32(w[0], ia, w[1]);
+  hi = _mm512_permutex2var_epi32(w[0], ib, w[1]);
 }
 
-// sum_blocks for blocks 0-7 only (v[0..3]): half the tree, lanes 8-15 zero.
-inline __m512i sum_blocks_half(const __m512i v[4]) {
+inline __m512i sum_blocks(const __m512i v[8]) {
+  __m512i lo, hi;
+  sum_halves(v, lo, hi);
+  return _mm512_add_epi32(lo, hi);
+}
+
+// sum_halves for blocks 0-7 only (v[0..3]): half the tree, lanes 8-15 zero.
+inline void sum_halves_half(const __m512i v[4], __m512i& lo, __m512i& hi) {
   const __m512i u0 =
       _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]), _mm512_unpackhi_epi32(v[0], v[1]));
   const __m512i u1 =
@@ -340,8 +363,14 @@ inline __m512i sum_blocks_half(const __m512i v[4]) {
   const __m512i w0 = _mm512_add_epi32(_mm512_unpacklo_epi64(u0, u1), _mm512_unpackhi_epi64(u0, u1));
   const __m512i ia = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0);
   const __m512i ib = _mm512_setr_epi32(4, 12, 5, 13, 6, 14, 7, 15, 0, 0, 0, 0, 0, 0, 0, 0);
-  return _mm512_maskz_add_epi32(0xff, _mm512_permutexvar_epi32(ia, w0),
-                                _mm512_permutexvar_epi32(ib, w0));
+  lo = _mm512_maskz_permutexvar_epi32(0xff, ia, w0);
+  hi = _mm512_maskz_permutexvar_epi32(0xff, ib, w0);
+}
+
+inline __m512i sum_blocks_half(const __m512i v[4]) {
+  __m512i lo, hi;
+  sum_halves_half(v, lo, hi);
+  return _mm512_add_epi32(lo, hi);
 }
 
 // Lanes l < n: block l's sum; blocks past n in the read pairs must have
@@ -407,6 +436,130 @@ inline I32x16 block_dots(const uint8_t* w, const int8_t* x) {
   }
 }
 
+// Lanes l, l + W, ... of a W-wide chunk's partial sums into lane l (as
+// block_dots<Signed, W> folds them); lanes >= W zero.
+template <int W>
+inline __m512i fold_rows(__m512i a) {
+  if constexpr (W == 16) {
+    return a;
+  } else {
+    const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
+    if constexpr (W == 4) {
+      const __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+      return _mm512_zextsi128_si512(q);
+    } else {
+      return _mm512_zextsi256_si512(h);
+    }
+  }
+}
+
+// Unsigned codes. In the chunk layout, registers k < W / 4 hold codes
+// 0-15 of every block, the others codes 16-31.
+template <int W>
+inline void block_dots_halves(const uint8_t* w, const int8_t* x, I32x16& lo, I32x16& hi) {
+  __m512i acc[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+#pragma GCC unroll 8
+  for (int k = 0; k < W / 2; ++k)
+    acc[k >= W / 4] = _mm512_add_epi32(
+        acc[k >= W / 4],
+        dot4<false>(_mm512_load_si512(w + 64 * k), _mm512_loadu_si512(x + 64 * k)));
+  lo = {fold_rows<W>(acc[0])};
+  hi = {fold_rows<W>(acc[1])};
+}
+
+inline void block_dots_natural_halves(const uint8_t* w, const int8_t* x, size_t n, I32x16& lo,
+                                      I32x16& hi) {
+  __m512i v[8];
+  const size_t pairs = n > 8 ? 8 : 4;
+  for (size_t i = 0; i < pairs; ++i)
+    v[i] = 2 * i < n ? dot4<false>(_mm512_load_si512(w + 64 * i), _mm512_loadu_si512(x + 64 * i))
+                     : _mm512_setzero_si512();
+  if (n > 8)
+    sum_halves(v, lo.v, hi.v);
+  else
+    sum_halves_half(v, lo.v, hi.v);
+}
+
+// Q6_K (decode_q6_k): the codes (0-63) of half h of the super-block at sb
+// in the natural layout, z[0] = blocks 4h, 4h + 1 (runs 0, 1), z[1] =
+// blocks 4h + 2, 4h + 3 (runs 2, 3). ql[64h .. 64h + 63] gives the low
+// nibbles of runs 0, 1 and the high nibbles of runs 2, 3; qh[32h ..] bit
+// pairs 0-1, 2-3, 4-5, 6-7 give bits 4-5 of runs 0-3. The 16-bit shifts
+// move bits across bytes only into bits the masks drop.
+inline void q6k_half(const uint8_t* sb, int h, __m512i z[2]) {
+  const __m512i l = _mm512_loadu_si512(sb + 64 * h);
+  const __m512i qh =
+      _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(sb + 128 + 32 * h)));
+  const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(0x30);
+  const __m512i lo_shift =  // run 0: qh << 4, run 1: qh << 2
+      _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+  const __m512i hi_shift =  // run 2: qh, run 3: qh >> 2
+      _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+  // a | (b & c): imm 0xf8 with a, b, c = 0xf0, 0xcc, 0xaa.
+  z[0] =
+      _mm512_ternarylogic_epi32(_mm512_and_si512(l, m4), _mm512_sllv_epi16(qh, lo_shift), m2, 0xf8);
+  z[1] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                   _mm512_srlv_epi16(qh, hi_shift), m2, 0xf8);
+}
+
+// The 256 codes of the super-block at sb to dst (64-byte aligned), natural layout.
+inline void unpack_q6k(const uint8_t* sb, uint8_t* dst) {
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    __m512i z[2];
+    q6k_half(sb, h, z);
+    _mm512_store_si512(dst + 128 * h, z[0]);
+    _mm512_store_si512(dst + 128 * h + 64, z[1]);
+  }
+}
+
+// Q6_K's sub-block scales for the n = 8 or 16 blocks of the one or two
+// super-blocks at first: lane l of lo / hi = the int8 scale of codes 0-15 /
+// 16-31 of block l (sub-blocks 2 (l % 8) and 2 (l % 8) + 1 of super-block
+// l / 8); lanes >= n zero.
+inline void q6k_scales(const uint8_t* first, size_t n, I32x16& lo, I32x16& hi) {
+  const __m128i a = _mm_loadu_si128((const __m128i*)(first + 192));
+  const __m128i b =
+      n > 8 ? _mm_loadu_si128((const __m128i*)(first + 210 + 192)) : _mm_setzero_si128();
+  // Word k = sub-block scale k of the chunk; dword l = words 2l, 2l + 1.
+  const __m512i w = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1));
+  lo = {_mm512_srai_epi32(_mm512_slli_epi32(w, 16), 16)};
+  hi = {_mm512_srai_epi32(w, 16)};
+}
+
+// Lanes 0-7: super-block 0's d; lanes 8-15: super-block 1's if n > 8, else 0.
+inline Vec16 q6k_d(const uint8_t* first, size_t n) {
+  const __m256 d0 = _mm256_set1_ps(Vec16::h2f(load_u16(first + 208)));
+  const __m256 d1 =
+      n > 8 ? _mm256_set1_ps(Vec16::h2f(load_u16(first + 210 + 208))) : _mm256_setzero_ps();
+  return {_mm512_insertf32x8(_mm512_castps256_ps512(d0), d1, 1)};
+}
+
+// block_dots_natural_halves of the codes unpack_q6k would write for the n
+// blocks (8 or 16) of the super-blocks at first, from registers.
+inline void q6k_dots_direct(const uint8_t* first, size_t n, const int8_t* x, I32x16& lo,
+                            I32x16& hi) {
+  __m512i v[8];
+  if (n > 8) {
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      __m512i z[2];
+      q6k_half(first + 210 * (p / 2), p % 2, z);
+      v[2 * p] = dot4<false>(z[0], _mm512_loadu_si512(x + 128 * p));
+      v[2 * p + 1] = dot4<false>(z[1], _mm512_loadu_si512(x + 128 * p + 64));
+    }
+    return sum_halves(v, lo.v, hi.v);
+  }
+#pragma GCC unroll 2
+  for (int p = 0; p < 2; ++p) {
+    __m512i z[2];
+    q6k_half(first, p, z);
+    v[2 * p] = dot4<false>(z[0], _mm512_loadu_si512(x + 128 * p));
+    v[2 * p + 1] = dot4<false>(z[1], _mm512_loadu_si512(x + 128 * p + 64));
+  }
+  sum_halves_half(v, lo.v, hi.v);
+}
+
 #elif defined(FERRY_VEC_AVX2)
 constexpr bool kQ8Unsigned = false;
 
@@ -421,6 +574,19 @@ struct I32x16 {
             _mm256_sub_epi32(hi, _mm256_slli_epi32(s.hi, Shift))};
   }
   Vec16 to_float() const { return {_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi)}; }
+  void store(int32_t* p) const {
+    _mm256_storeu_si256((__m256i*)p, lo);
+    _mm256_storeu_si256((__m256i*)(p + 8), hi);
+  }
+  I32x16 operator+(I32x16 o) const {
+    return {_mm256_add_epi32(lo, o.lo), _mm256_add_epi32(hi, o.hi)};
+  }
+  I32x16 operator-(I32x16 o) const {
+    return {_mm256_sub_epi32(lo, o.lo), _mm256_sub_epi32(hi, o.hi)};
+  }
+  I32x16 operator*(I32x16 o) const {
+    return {_mm256_mullo_epi32(lo, o.lo), _mm256_mullo_epi32(hi, o.hi)};
+  }
 };
 
 template <bool Signed>
@@ -493,8 +659,10 @@ inline void transpose_chunk(const uint8_t* natural, uint8_t* out) {
   }
 }
 
-// v[i]: partial sums of block i; returns the eight block sums in order.
-inline __m256i sum_blocks8(const __m256i v[8]) {
+// v[i]: partial sums of block i (128-bit lane 0: codes 0-15, lane 1: codes
+// 16-31); sum_halves8 returns the eight blocks' half sums in order,
+// sum_blocks8 their sum.
+inline void sum_halves8(const __m256i v[8], __m256i& lo, __m256i& hi) {
   __m256i u[4], w[2];
   for (int i = 0; i < 4; ++i)
     u[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
@@ -503,8 +671,14 @@ inline __m256i sum_blocks8(const __m256i v[8]) {
   for (int k = 0; k < 2; ++k)
     w[k] = _mm256_add_epi32(_mm256_unpacklo_epi64(u[2 * k], u[2 * k + 1]),
                             _mm256_unpackhi_epi64(u[2 * k], u[2 * k + 1]));
-  return _mm256_add_epi32(_mm256_permute2x128_si256(w[0], w[1], 0x20),
-                          _mm256_permute2x128_si256(w[0], w[1], 0x31));
+  lo = _mm256_permute2x128_si256(w[0], w[1], 0x20);
+  hi = _mm256_permute2x128_si256(w[0], w[1], 0x31);
+}
+
+inline __m256i sum_blocks8(const __m256i v[8]) {
+  __m256i lo, hi;
+  sum_halves8(v, lo, hi);
+  return _mm256_add_epi32(lo, hi);
 }
 
 template <bool Signed>
@@ -537,6 +711,99 @@ inline I32x16 block_dots(const uint8_t* w, const int8_t* x) {
   return {lo, hi};
 }
 
+// Unsigned codes; the chunk layout's rows 0-3 hold codes 0-15 of every
+// block, rows 4-7 codes 16-31 (W = 4: two rows per register).
+template <int W>
+inline void block_dots_halves(const uint8_t* w, const int8_t* x, I32x16& lo, I32x16& hi) {
+  auto at = [](const void* p, int off) {
+    return _mm256_loadu_si256((const __m256i*)((const uint8_t*)p + off));
+  };
+  __m256i s[2][2] = {{_mm256_setzero_si256(), _mm256_setzero_si256()},
+                     {_mm256_setzero_si256(), _mm256_setzero_si256()}};  // [half][blocks 0-7, 8-15]
+  for (int k = 0; k < (W == 4 ? 4 : 8); ++k) {
+    const int off = W == 16 ? 64 * k : 32 * k, h = (W == 4 ? 2 * k : k) >= 4;
+    s[h][0] = _mm256_add_epi32(s[h][0], dot4<false>(at(w, off), at(x, off)));
+    if constexpr (W == 16)
+      s[h][1] = _mm256_add_epi32(s[h][1], dot4<false>(at(w, off + 32), at(x, off + 32)));
+  }
+  if constexpr (W == 4)
+    for (int h = 0; h < 2; ++h)
+      s[h][0] = _mm256_zextsi128_si256(
+          _mm_add_epi32(_mm256_castsi256_si128(s[h][0]), _mm256_extracti128_si256(s[h][0], 1)));
+  lo = {s[0][0], s[0][1]};
+  hi = {s[1][0], s[1][1]};
+}
+
+inline void block_dots_natural_halves(const uint8_t* w, const int8_t* x, size_t n, I32x16& lo,
+                                      I32x16& hi) {
+  __m256i v[16];
+  for (size_t i = 0; i < 16; ++i)
+    v[i] = i < n ? dot4<false>(_mm256_load_si256((const __m256i*)(w + 32 * i)),
+                               _mm256_loadu_si256((const __m256i*)(x + 32 * i)))
+                 : _mm256_setzero_si256();
+  sum_halves8(v, lo.lo, hi.lo);
+  if (n > 8) {
+    sum_halves8(v + 8, lo.hi, hi.hi);
+  } else {
+    lo.hi = hi.hi = _mm256_setzero_si256();
+  }
+}
+
+// Q6_K: see the AVX-512 versions. q6k_half: blocks 4h .. 4h + 3 (runs 0-3).
+inline void q6k_half(const uint8_t* sb, int h, __m256i run[4]) {
+  const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30);
+  const __m256i l0 = _mm256_loadu_si256((const __m256i*)(sb + 64 * h));
+  const __m256i l1 = _mm256_loadu_si256((const __m256i*)(sb + 64 * h + 32));
+  const __m256i qh = _mm256_loadu_si256((const __m256i*)(sb + 128 + 32 * h));
+  run[0] =
+      _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2));
+  run[1] =
+      _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2));
+  run[2] =
+      _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m2));
+  run[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
+}
+
+inline void unpack_q6k(const uint8_t* sb, uint8_t* dst) {
+  for (int h = 0; h < 2; ++h) {
+    __m256i run[4];
+    q6k_half(sb, h, run);
+    for (int r = 0; r < 4; ++r) _mm256_store_si256((__m256i*)(dst + 128 * h + 32 * r), run[r]);
+  }
+}
+
+inline void q6k_dots_direct(const uint8_t* first, size_t n, const int8_t* x, I32x16& lo,
+                            I32x16& hi) {
+  __m256i v[16];
+  for (size_t p = 0; p < n / 4; ++p) {  // blocks 4p .. 4p + 3
+    q6k_half(first + 210 * (p / 2), static_cast<int>(p % 2), v + 4 * p);
+    for (size_t i = 4 * p; i < 4 * p + 4; ++i)
+      v[i] = dot4<false>(v[i], _mm256_loadu_si256((const __m256i*)(x + 32 * i)));
+  }
+  sum_halves8(v, lo.lo, hi.lo);
+  if (n > 8) {
+    sum_halves8(v + 8, lo.hi, hi.hi);
+  } else {
+    lo.hi = hi.hi = _mm256_setzero_si256();
+  }
+}
+
+inline void q6k_scales(const uint8_t* first, size_t n, I32x16& lo, I32x16& hi) {
+  // Word k = sub-block scale k of a super-block; dword l = words 2l, 2l + 1.
+  const __m256i a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(first + 192)));
+  const __m256i b = n > 8 ? _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(first + 402)))
+                          : _mm256_setzero_si256();
+  lo = {_mm256_srai_epi32(_mm256_slli_epi32(a, 16), 16),
+        _mm256_srai_epi32(_mm256_slli_epi32(b, 16), 16)};
+  hi = {_mm256_srai_epi32(a, 16), _mm256_srai_epi32(b, 16)};
+}
+
+inline Vec16 q6k_d(const uint8_t* first, size_t n) {
+  return {_mm256_set1_ps(Vec16::h2f(load_u16(first + 208))),
+          n > 8 ? _mm256_set1_ps(Vec16::h2f(load_u16(first + 418))) : _mm256_setzero_ps()};
+}
+
 #else
 constexpr bool kQ8Unsigned = false;
 
@@ -555,6 +822,24 @@ struct I32x16 {
   }
   Vec16 to_float() const {
     return Vec16::make([&](int i) { return static_cast<float>(l[i]); });
+  }
+  void store(int32_t* p) const {
+    for (int i = 0; i < 16; ++i) p[i] = l[i];
+  }
+  template <class F>
+  static I32x16 make(F f) {
+    I32x16 r;
+    for (int i = 0; i < 16; ++i) r.l[i] = f(i);
+    return r;
+  }
+  I32x16 operator+(I32x16 o) const {
+    return make([&](int i) { return l[i] + o.l[i]; });
+  }
+  I32x16 operator-(I32x16 o) const {
+    return make([&](int i) { return l[i] - o.l[i]; });
+  }
+  I32x16 operator*(I32x16 o) const {
+    return make([&](int i) { return l[i] * o.l[i]; });
   }
 };
 
@@ -610,6 +895,49 @@ inline I32x16 block_dots(const uint8_t* w, const int8_t* x) {
     }
   return r;
 }
+
+template <int W>
+inline void block_dots_halves(const uint8_t* w, const int8_t* x, I32x16& lo, I32x16& hi) {
+  lo = hi = I32x16{};
+  for (size_t l = 0; l < W; ++l)
+    for (size_t e = 0; e < 32; ++e) {
+      const size_t o = chunk_code_offset(l, e, W);
+      (e < 16 ? lo : hi).l[l] += w[o] * x[o];
+    }
+}
+
+inline void block_dots_natural_halves(const uint8_t* w, const int8_t* x, size_t n, I32x16& lo,
+                                      I32x16& hi) {
+  lo = hi = I32x16{};
+  for (size_t l = 0; l < n; ++l)
+    for (size_t e = 0; e < 32; ++e) (e < 16 ? lo : hi).l[l] += w[32 * l + e] * x[32 * l + e];
+}
+
+// Q6_K: see the AVX-512 versions (the element order of decode_q6_k).
+inline void unpack_q6k(const uint8_t* sb, uint8_t* dst) {
+  for (int h = 0; h < 2; ++h)
+    for (int run = 0; run < 4; ++run)
+      for (int i = 0; i < 32; ++i) {
+        const uint8_t l = sb[64 * h + 32 * (run % 2) + i], qh = sb[128 + 32 * h + i];
+        dst[128 * h + 32 * run + i] =
+            static_cast<uint8_t>(((run < 2 ? l : l >> 4) & 0xf) | (((qh >> (2 * run)) & 3) << 4));
+      }
+}
+
+inline void q6k_scales(const uint8_t* first, size_t n, I32x16& lo, I32x16& hi) {
+  for (size_t l = 0; l < 16; ++l) {
+    const int8_t* sc = reinterpret_cast<const int8_t*>(first + 210 * (l / 8) + 192);
+    lo.l[l] = l < n ? sc[2 * (l % 8)] : 0;
+    hi.l[l] = l < n ? sc[2 * (l % 8) + 1] : 0;
+  }
+}
+
+inline Vec16 q6k_d(const uint8_t* first, size_t n) {
+  return Vec16::make([&](int k) {
+    const size_t l = static_cast<size_t>(k);
+    return l < n ? f16_to_f32(load_u16(first + 210 * (l / 8) + 208)) : 0.0f;
+  });
+}
 #endif
 
 #if !defined(FERRY_VEC_AVX512)
@@ -626,6 +954,16 @@ inline I32x16 block_dots_direct(const uint8_t* src, size_t stride, size_t n, uin
   alignas(64) uint8_t natural[16 * 32];
   unpack_codes<Nibbles>(src, stride, n, flip, natural);
   return block_dots_natural<Signed>(natural, x, n);
+}
+
+#endif
+
+#if !defined(FERRY_VEC_AVX512) && !defined(FERRY_VEC_AVX2)
+inline void q6k_dots_direct(const uint8_t* first, size_t n, const int8_t* x, I32x16& lo,
+                            I32x16& hi) {
+  uint8_t natural[16 * 32];
+  for (size_t k = 0; k < n; k += 8) unpack_q6k(first + 210 * (k / 8), natural + 32 * k);
+  block_dots_natural_halves(natural, x, n, lo, hi);
 }
 #endif
 

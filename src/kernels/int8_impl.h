@@ -3,13 +3,21 @@
 //
 // Arithmetic (docs/KERNELS.md, "Int8 mode"). A weight row is a sequence of
 // 32-element blocks b, each with integer codes q_b,i, a float scale dw_b and
-// (Q4_1, K-quants) a float min term m_b, so that its decoded value is
+// (Q4_1, Q4_K, Q5_K) a float min term m_b, so that its decoded value is
 // dw_b * (q_b,i - bias) + m_b. The activation row has codes c_b,i, scale
 // dx_b, code sum S_b and dsum_b = float(S_b) * dx_b (QuantRows). Then
 //   isum_b = sum_i q_b,i * c_b,i - bias * S_b           (exact int32)
 //   lane[b % 16] = fma(dw_b * dx_b, float(isum_b), lane[b % 16])
 //   lane[b % 16] = fma(m_b, dsum_b, lane[b % 16])        (types with a min)
-// for b in increasing order, and y = Vec16 reduce() of the lanes. Every
+// for b in increasing order, and y = Vec16 reduce() of the lanes. Q6_K has
+// an int8 scale per 16 elements, so its blocks have two, sc_lo_b (elements
+// 0-15) and sc_hi_b (16-31), and dw_b = d, its super-block's f16 scale; with
+// its 6-bit codes q in 0..63 (standing for q - 32) and S_lo_b / S_hi_b the
+// sums of the activation codes 0-15 / 16-31 of the block,
+//   isum_b = sc_lo_b * (sum_{i<16} q_b,i * c_b,i - 32 * S_lo_b)
+//          + sc_hi_b * (sum_{i>=16} q_b,i * c_b,i - 32 * S_hi_b)  (exact int32)
+// (|isum_b| <= 2 * 128 * 16 * 32 * 127 < 2^24, so float(isum_b) is exact),
+// then the same single fma per block. Every
 // operation is exactly rounded and happens in that order on every path, so
 // paths, row counts, tiles and threads all give the same bits. The kernel
 // works in 16-block chunks and adds fma(0, 0, lane) for the padding blocks
@@ -38,6 +46,7 @@ struct Chunk {
   alignas(64) uint8_t codes[16 * 32];    // the same in the chunk layout
   alignas(64) float dw[16];
   alignas(64) float m[16];
+  alignas(64) int32_t sc[2][16];  // Q6_K: sc_lo, sc_hi per block
 };
 
 inline void transpose(size_t n, Chunk& c) {
@@ -79,17 +88,17 @@ struct SimpleBlocks {
 
 // How a weight type's blocks enter the formula above: kSigned (codes are
 // int8, else uint8), kBiasShift (the bias is 1 << kBiasShift, or none if
-// negative), kMin (a min term).
+// negative), kMin (a min term), kHalves (two scales per block: Q6_K).
 struct UnpackQ8_0 : SimpleBlocks<34, 2, false, false, kQ8Unsigned ? 0x80 : 0> {
-  static constexpr bool kSigned = !kQ8Unsigned, kMin = false;
+  static constexpr bool kSigned = !kQ8Unsigned, kMin = false, kHalves = false;
   static constexpr int kBiasShift = kQ8Unsigned ? 7 : -1;  // bias 128 or none
 };
 struct UnpackQ4_0 : SimpleBlocks<18, 2, false, true> {
-  static constexpr bool kSigned = false, kMin = false;
+  static constexpr bool kSigned = false, kMin = false, kHalves = false;
   static constexpr int kBiasShift = 3;  // q - 8
 };
 struct UnpackQ4_1 : SimpleBlocks<20, 4, true, true> {
-  static constexpr bool kSigned = false, kMin = true;
+  static constexpr bool kSigned = false, kMin = true, kHalves = false;
   static constexpr int kBiasShift = -1;
 };
 // Q4_K / Q5_K: sub-block s of a super-block has scale d * sc_s and min
@@ -98,7 +107,7 @@ struct UnpackQ4_1 : SimpleBlocks<20, 4, true, true> {
 template <bool Five>
 struct UnpackQK {
   static constexpr size_t kBytes = Five ? 176 : 144;
-  static constexpr bool kSigned = false, kMin = true;
+  static constexpr bool kSigned = false, kMin = true, kHalves = false;
   static constexpr int kBiasShift = -1;
   static void unpack(const uint8_t* row, size_t b, size_t n, bool chunked, Chunk& c) {
     std::fill(c.dw + n, c.dw + 16, 0.0f);
@@ -123,6 +132,46 @@ struct UnpackQK {
       }
     }
     if (chunked) transpose(n, c);
+  }
+};
+
+// Q6_K's isum_b (the formula above) from the half-block code sums lo, hi of
+// the blocks at offset o of x (row * nb16 + block) and their sub-block
+// scales. Every term is exact in int32.
+inline I32x16 q6k_isum(I32x16 lo, I32x16 hi, I32x16 sc_lo, I32x16 sc_hi, const QuantRows& x,
+                       size_t o) {
+  const I32x16 s_lo = I32x16::load(x.sum_lo + o), s = I32x16::load(x.sum + o);
+  return sc_lo * lo.minus_shifted<5>(s_lo) + sc_hi * hi.minus_shifted<5>(s - s_lo);
+}
+
+// Q6_K: 256-element super-blocks of 210 bytes (decode_q6_k); a chunk holds
+// one or two (n is a multiple of 8). Codes unsigned (0..63): the bias 32
+// is taken off per half block in q6k_isum.
+struct UnpackQ6_K {
+  static constexpr size_t kBytes = 210;
+  static constexpr bool kSigned = false, kMin = false, kHalves = true;
+  static constexpr int kBiasShift = -1;
+  static void unpack(const uint8_t* row, size_t b, size_t n, bool chunked, Chunk& c) {
+    const uint8_t* first = row + kBytes * (b / 8);
+    for (size_t k0 = 0; k0 < n; k0 += 8) unpack_q6k(first + kBytes * (k0 / 8), c.natural + 32 * k0);
+    if (chunked) transpose(n, c);
+    q6k_d(first, n).store(c.dw);
+    I32x16 lo, hi;
+    q6k_scales(first, n, lo, hi);
+    lo.store(c.sc[0]);
+    hi.store(c.sc[1]);
+  }
+  // For one_row: the dw unpack would store, and the block's isum (row 0 of
+  // a natural-layout x) from the weight row in registers.
+  static void scales(const uint8_t* row, size_t b, size_t n, Vec16& dw, Vec16&) {
+    dw = q6k_d(row + kBytes * (b / 8), n);
+  }
+  static I32x16 isum_direct(const uint8_t* row, size_t b, size_t n, const QuantRows& x) {
+    const uint8_t* first = row + kBytes * (b / 8);
+    I32x16 lo, hi, sc_lo, sc_hi;
+    q6k_dots_direct(first, n, x.codes + 32 * b, lo, hi);
+    q6k_scales(first, n, sc_lo, sc_hi);
+    return q6k_isum(lo, hi, sc_lo, sc_hi, x, b);
   }
 };
 
@@ -154,10 +203,15 @@ void one_row(const WeightView& w, const QuantRows& x, float* y, size_t j0, size_
       const size_t n = std::min<size_t>(16, nb - b);
       Vec16 dw, m;
       U::scales(row, b, n, dw, m);
-      I32x16 is = U::template dots<U::kSigned>(row, b, n, x.codes + 32 * b);
-      if constexpr (U::kBiasShift >= 0)
-        is = is.template minus_shifted<(U::kBiasShift >= 0 ? U::kBiasShift : 0)>(
-            I32x16::load(x.sum + b));
+      I32x16 is;
+      if constexpr (U::kHalves) {
+        is = U::isum_direct(row, b, n, x);
+      } else {
+        is = U::template dots<U::kSigned>(row, b, n, x.codes + 32 * b);
+        if constexpr (U::kBiasShift >= 0)
+          is = is.template minus_shifted<(U::kBiasShift >= 0 ? U::kBiasShift : 0)>(
+              I32x16::load(x.sum + b));
+      }
       a.fma(dw * Vec16::load(x.d + b), is.to_float());
       if constexpr (U::kMin) a.fma(m, Vec16::load(x.dsum + b));
     }
@@ -185,37 +239,24 @@ inline __m512i dot4_acc(__m512i acc, __m512i w, __m512i x) {
 #endif
 }
 
-// Lanes l, l + W, ... of a W-wide chunk's partial sums into lane l (as
-// block_dots<Signed, W> folds them); lanes >= W zero.
-template <int W>
-inline __m512i fold_rows(__m512i a) {
-  if constexpr (W == 16) {
-    return a;
-  } else {
-    const __m256i h =
-        _mm256_add_epi32(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
-    if constexpr (W == 4) {
-      const __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-      return _mm512_zextsi128_si512(q);
-    } else {
-      return _mm512_zextsi256_si512(h);
-    }
-  }
-}
-
 // One chunk (width W) of MC weight rows against NR activation rows; o is
 // the chunk's offset (in blocks) in activation row 0 of the tile.
 template <class U, int MC, int NR, int W>
 inline void tile_chunk(const Chunk* const (&c)[MC], const QuantRows& x, size_t o,
                        Vec16 (&a)[MC][NR]) {
   const size_t nb16 = x.nb16;
-  __m512i acc[MC][NR];
+  // acc[1]: Q6_K's sums of codes 16-31 (registers k >= W / 4 hold them).
+  constexpr int kParts = U::kHalves ? 2 : 1;
+  __m512i acc[kParts][MC][NR];
+#pragma GCC unroll 2
+  for (int h = 0; h < kParts; ++h)
 #pragma GCC unroll 4
-  for (int m = 0; m < MC; ++m)
+    for (int m = 0; m < MC; ++m)
 #pragma GCC unroll 4
-    for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_setzero_si512();
+      for (int r = 0; r < NR; ++r) acc[h][m][r] = _mm512_setzero_si512();
 #pragma GCC unroll 8
   for (int k = 0; k < W / 2; ++k) {
+    const int h = kParts == 2 && k >= W / 4;
     __m512i wv[MC];
 #pragma GCC unroll 4
     for (int m = 0; m < MC; ++m) wv[m] = _mm512_load_si512(c[m]->codes + 64 * k);
@@ -223,7 +264,7 @@ inline void tile_chunk(const Chunk* const (&c)[MC], const QuantRows& x, size_t o
     for (int r = 0; r < NR; ++r) {
       const __m512i xv = _mm512_loadu_si512(x.codes + 32 * (o + r * nb16) + 64 * k);
 #pragma GCC unroll 4
-      for (int m = 0; m < MC; ++m) acc[m][r] = dot4_acc<U::kSigned>(acc[m][r], wv[m], xv);
+      for (int m = 0; m < MC; ++m) acc[h][m][r] = dot4_acc<U::kSigned>(acc[h][m][r], wv[m], xv);
     }
   }
 #pragma GCC unroll 4
@@ -232,7 +273,10 @@ inline void tile_chunk(const Chunk* const (&c)[MC], const QuantRows& x, size_t o
     const Vec16 dx = Vec16::load(x.d + orow);
 #pragma GCC unroll 4
     for (int m = 0; m < MC; ++m) {
-      I32x16 is{fold_rows<W>(acc[m][r])};
+      I32x16 is{fold_rows<W>(acc[0][m][r])};
+      if constexpr (U::kHalves)
+        is = q6k_isum(is, I32x16{fold_rows<W>(acc[kParts - 1][m][r])}, I32x16::load(c[m]->sc[0]),
+                      I32x16::load(c[m]->sc[1]), x, orow);
       if constexpr (U::kBiasShift >= 0)
         is = is.template minus_shifted<(U::kBiasShift >= 0 ? U::kBiasShift : 0)>(
             I32x16::load(x.sum + orow));
@@ -334,7 +378,7 @@ void cols_tiled(const WeightView& w, const QuantRows& x, size_t n_rows, float* y
 
 template <class U>
 void cols(const WeightView& w, const QuantRows& x, size_t n_rows, float* y, size_t j0, size_t j1) {
-  if constexpr (requires { &U::template dots<U::kSigned>; }) {
+  if constexpr (U::kHalves || requires { &U::template dots<U::kSigned>; }) {
     if (n_rows == 1 && !x.chunked) return one_row<U>(w, x, y, j0, j1);
   }
 #if defined(FERRY_VEC_AVX512)
@@ -363,11 +407,23 @@ void cols(const WeightView& w, const QuantRows& x, size_t n_rows, float* y, size
       for (size_t i = 0; i < nr; ++i) {
         const size_t o = (r0 + i) * nb16 + b;  // this chunk of row r0 + i
         const int8_t* xc = x.codes + 32 * o;
-        I32x16 is =
-            !x.chunked ? block_dots_natural<U::kSigned>(c.natural, xc, std::min<size_t>(16, nb - b))
-            : width == 16 ? block_dots<U::kSigned, 16>(c.codes, xc)
-            : width == 8  ? block_dots<U::kSigned, 8>(c.codes, xc)
-                          : block_dots<U::kSigned, 4>(c.codes, xc);
+        I32x16 is;
+        if constexpr (U::kHalves) {
+          I32x16 lo, hi;
+          if (!x.chunked)
+            block_dots_natural_halves(c.natural, xc, std::min<size_t>(16, nb - b), lo, hi);
+          else if (width == 16)
+            block_dots_halves<16>(c.codes, xc, lo, hi);
+          else
+            block_dots_halves<8>(c.codes, xc, lo, hi);  // Q6_K chunks: 8 or 16 blocks
+          is = q6k_isum(lo, hi, I32x16::load(c.sc[0]), I32x16::load(c.sc[1]), x, o);
+        } else {
+          is = !x.chunked
+                   ? block_dots_natural<U::kSigned>(c.natural, xc, std::min<size_t>(16, nb - b))
+               : width == 16 ? block_dots<U::kSigned, 16>(c.codes, xc)
+               : width == 8  ? block_dots<U::kSigned, 8>(c.codes, xc)
+                             : block_dots<U::kSigned, 4>(c.codes, xc);
+        }
         if constexpr (U::kBiasShift >= 0)
           is = is.template minus_shifted<(U::kBiasShift >= 0 ? U::kBiasShift : 0)>(
               I32x16::load(x.sum + o));
@@ -396,6 +452,8 @@ inline void matmul_cols(const WeightView& w, const QuantRows& x, size_t n_rows, 
       return cols<UnpackQK<false>>(w, x, n_rows, y, j0, j1);
     case DType::Q5_K:
       return cols<UnpackQK<true>>(w, x, n_rows, y, j0, j1);
+    case DType::Q6_K:
+      return cols<UnpackQ6_K>(w, x, n_rows, y, j0, j1);
     default:
       return;  // ops.cpp routes only int8_matmul_supported types here
   }

@@ -45,6 +45,7 @@ bool int8_matmul_supported(DType t) {
     case DType::Q4_1:
     case DType::Q4_K:
     case DType::Q5_K:
+    case DType::Q6_K:
       return true;
     default:
       return false;
@@ -71,7 +72,7 @@ namespace {
 struct QuantBuffer {
   std::vector<int8_t> codes;
   std::vector<float> d, dsum;
-  std::vector<int32_t> sum;
+  std::vector<int32_t> sum, sum_lo;
   QuantRows view;
 };
 
@@ -103,7 +104,7 @@ void quantize_row(const float* x, size_t r, QuantBuffer& q) {
       if (!chunked || b % 16 < width)
         for (size_t k = 0; k < 32; ++k) c[at(k)] = 0;
       q.d[i] = q.dsum[i] = 0.0f;
-      q.sum[i] = 0;
+      q.sum[i] = q.sum_lo[i] = 0;
       continue;
     }
     const float* xb = x + 32 * b;
@@ -111,16 +112,18 @@ void quantize_row(const float* x, size_t r, QuantBuffer& q) {
     for (size_t k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(xb[k]));
     for (size_t k = 0; k < 32; ++k) amax = std::isnan(xb[k]) ? xb[k] : amax;
     const float d = amax / 127.0f;
-    int32_t s = 0;
+    int32_t s = 0, s_lo = 0;
     for (size_t k = 0; k < 32; ++k) {
       float v = d > 0.0f && std::isfinite(d) ? round_even(xb[k] / d) : 0.0f;
       v = std::min(127.0f, std::max(-127.0f, v));
       const int8_t code = static_cast<int8_t>(v);
       c[at(k)] = code;
       s += code;
+      if (k == 15) s_lo = s;
     }
     q.d[i] = d;
     q.sum[i] = s;
+    q.sum_lo[i] = s_lo;
     q.dsum[i] = static_cast<float>(s) * d;
   }
 }
@@ -131,7 +134,8 @@ void quantize_rows(const Context& ctx, const float* x, size_t n_rows, size_t n_i
   q.d.resize(n_rows * nb16);
   q.dsum.resize(n_rows * nb16);
   q.sum.resize(n_rows * nb16);
-  q.view = {q.codes.data(), q.d.data(), q.sum.data(), q.dsum.data(), nb, nb16};
+  q.sum_lo.resize(n_rows * nb16);
+  q.view = {q.codes.data(), q.d.data(), q.sum.data(), q.sum_lo.data(), q.dsum.data(), nb, nb16};
   q.view.chunked = n_rows > kNaturalLayoutMaxRows;
   run(ctx, n_rows, 4, [&](size_t r0, size_t r1) {
     for (size_t r = r0; r < r1; ++r) quantize_row(x + r * n_in, r, q);

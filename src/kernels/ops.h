@@ -33,8 +33,10 @@ namespace ferry::kernels {
 //    block terms in a fixed 16-lane order. About 2x faster; differs from
 //    Exact by the activation rounding (error bound in docs/KERNELS.md), but
 //    keeps every promise above: paths, threads and batch make no difference
-//    to the bits. Applies to Q8_0, Q4_0, Q4_1, Q4_K and Q5_K weights; other
-//    types (F32, F16, BF16, Q6_K) always run Exact.
+//    to the bits. Applies to Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K weights
+//    (Q6_K: the integer sums of its two 16-element sub-blocks are scaled
+//    by their int8 scales before the block's one float step); other types
+//    (F32, F16, BF16) always run Exact.
 enum class MatmulMode { Exact, Int8 };
 std::string_view matmul_mode_name(MatmulMode m);
 // "exact" or "int8"; nullopt for anything else.

@@ -37,12 +37,14 @@ constexpr size_t kNaturalLayoutMaxRows = 3;
 // blocks zero.
 //   d[r * nb16 + b]     float scale (amax / 127)
 //   sum[r * nb16 + b]   int32 sum of the block's 32 codes
+//   sum_lo[r * nb16 + b] int32 sum of its codes 0-15 (Q6_K's half-block bias)
 //   dsum[r * nb16 + b]  float(sum) * d (the Q4_1 / K-quant min term's factor)
-// Padding blocks have zero codes and zero d, sum, dsum.
+// Padding blocks have zero codes and zero d, sum, sum_lo, dsum.
 struct QuantRows {
   const int8_t* codes = nullptr;
   const float* d = nullptr;
   const int32_t* sum = nullptr;
+  const int32_t* sum_lo = nullptr;
   const float* dsum = nullptr;
   size_t nb = 0, nb16 = 0;
   bool chunked = true;

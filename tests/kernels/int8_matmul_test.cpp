@@ -1,11 +1,15 @@
-// MatmulMode::Int8 (docs/KERNELS.md, "Int8 mode"): every kernel (reference,
+// MatmulMode::Int8 (docs/KERNELS.md, "Int8 mode"): the documented formula,
+// computed here from the raw blocks, bit for bit; every kernel (reference,
 // AVX2, AVX-512 with and without VNNI) against the reference bit for bit, for
 // every supported weight type, row counts, row offsets (batch invariance) and
 // thread counts; and the int8 result against the exact f32 matmul within the
 // bound that activation rounding implies.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/cpu.h"
@@ -22,7 +26,8 @@ using test::random_floats;
 using test::random_weights;
 using Kernel = test::Int8Kernel;
 
-const DType kInt8Types[] = {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4_K, DType::Q5_K};
+const DType kInt8Types[] = {DType::Q8_0, DType::Q4_0, DType::Q4_1,
+                            DType::Q4_K, DType::Q5_K, DType::Q6_K};
 
 std::vector<float> run(MatmulInt8Cols cols, ThreadPool* pool, const WeightView& w, const float* x,
                        size_t n_rows) {
@@ -84,31 +89,151 @@ TEST_P(Int8MatmulTest, KernelsRowsOffsetsAndThreadsGiveIdenticalBits) {
   }
 }
 
+// The int8 formula's view of 32-element block b of a weight row, read
+// straight from GGML's layouts: codes q_i with weight = scale_i * (q_i -
+// bias) + m, where scale_i is the block's one float scale dw (or, Q6_K, d
+// times the int8 scale of the 16-element sub-block: sc[i / 16]).
+struct WeightBlock {
+  int32_t q[32];
+  int32_t bias = 0;
+  int32_t sc[2] = {1, 1};  // Q6_K's sub-block scales, else 1
+  float dw = 0, m = 0;
+  bool has_min = false;  // Q4_1, Q4_K, Q5_K
+};
+WeightBlock weight_block(DType t, const uint8_t* row, size_t b) {
+  WeightBlock w;
+  auto h = [](const uint8_t* p) { return f16_to_f32(load_u16(p)); };
+  switch (t) {
+    case DType::Q8_0:
+      w.dw = h(row + 34 * b);
+      for (int i = 0; i < 32; ++i) w.q[i] = static_cast<int8_t>(row[34 * b + 2 + i]);
+      break;
+    case DType::Q4_0:
+    case DType::Q4_1: {
+      const uint8_t* blk = row + (t == DType::Q4_0 ? 18 : 20) * b;
+      const uint8_t* qs = blk + (t == DType::Q4_0 ? 2 : 4);
+      w.dw = h(blk);
+      if (t == DType::Q4_0) w.bias = 8;
+      if (t == DType::Q4_1) {
+        w.m = h(blk + 2);
+        w.has_min = true;
+      }
+      for (int i = 0; i < 16; ++i) {
+        w.q[i] = qs[i] & 0xf;
+        w.q[i + 16] = qs[i] >> 4;
+      }
+      break;
+    }
+    case DType::Q4_K:
+    case DType::Q5_K: {
+      const bool five = t == DType::Q5_K;
+      const uint8_t* sb = row + (five ? 176 : 144) * (b / 8);
+      const int s = static_cast<int>(b % 8);
+      uint8_t sc, mn;
+      k_scale_min(s, sb + 4, &sc, &mn);
+      w.dw = h(sb) * sc;
+      w.m = -(h(sb + 2) * mn);
+      w.has_min = true;
+      const uint8_t* qs = sb + (five ? 48 : 16) + 32 * (s / 2);
+      for (int i = 0; i < 32; ++i) {
+        w.q[i] = (s % 2 ? qs[i] >> 4 : qs[i] & 0xf);
+        if (five) w.q[i] |= ((sb[16 + i] >> s) & 1) << 4;
+      }
+      break;
+    }
+    case DType::Q6_K: {
+      // Block b % 8 = 4 half + run: element i takes a nibble of ql[64 half
+      // + 32 (run % 2) + i] (low for runs 0, 1) and bits 2 run, 2 run + 1 of
+      // qh[32 half + i]; sub-blocks 2 (b % 8) and 2 (b % 8) + 1 scale it.
+      const uint8_t* sb = row + 210 * (b / 8);
+      const int k = static_cast<int>(b % 8), half = k / 4, run = k % 4;
+      w.dw = h(sb + 208);
+      w.bias = 32;
+      w.sc[0] = static_cast<int8_t>(sb[192 + 2 * k]);
+      w.sc[1] = static_cast<int8_t>(sb[192 + 2 * k + 1]);
+      for (int i = 0; i < 32; ++i) {
+        const uint8_t l = sb[64 * half + 32 * (run % 2) + i], hb = sb[128 + 32 * half + i];
+        w.q[i] = ((run < 2 ? l : l >> 4) & 0xf) | (((hb >> (2 * run)) & 3) << 4);
+      }
+      break;
+    }
+    default:
+      ADD_FAILURE() << "no int8 view of " << dtype_traits(t).name;
+  }
+  return w;
+}
+
+// The formula of docs/KERNELS.md, "Int8 mode", written out on its own: per
+// activation block, d = amax / 127 and codes c = round-half-even(x / d)
+// clamped to 127 (std::nearbyint in the default rounding mode), S = sum c;
+// per weight block, isum = sum_s sc_s * sum_{i in s} (q_i - bias) * c_i
+// (exact), lane[b % 16] = fma(dw * d, isum, lane) and, with a min,
+// fma(m, float(S) * d, lane); then Vec16's fixed tree over the lanes:
+// s8_i = l_i + l_(i+8), s4_i = s8_i + s8_(i+4), y = (s4_0 + s4_2) + (s4_1 + s4_3).
+float formula(DType t, const uint8_t* row, const float* x, size_t K) {
+  float lane[16] = {};
+  for (size_t b = 0; b < K / 32; ++b) {
+    const float* xb = x + 32 * b;
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    const float d = amax / 127.0f;
+    int32_t c[32], S = 0;
+    for (int i = 0; i < 32; ++i) {
+      c[i] =
+          d > 0 ? static_cast<int32_t>(std::clamp(std::nearbyint(xb[i] / d), -127.0f, 127.0f)) : 0;
+      S += c[i];
+    }
+    const WeightBlock w = weight_block(t, row, b);
+    int64_t isum = 0;
+    for (int s = 0; s < 2; ++s) {
+      int64_t part = 0;
+      for (int i = 16 * s; i < 16 * s + 16; ++i) part += int64_t{w.q[i] - w.bias} * c[i];
+      isum += w.sc[s] * part;
+    }
+    EXPECT_LT(std::llabs(isum), int64_t{1} << 24);  // so float(isum) is exact
+    float& l = lane[b % 16];
+    l = std::fma(w.dw * d, static_cast<float>(isum), l);
+    if (w.has_min) l = std::fma(w.m, static_cast<float>(S) * d, l);
+  }
+  float s8[8], s4[4];
+  for (int i = 0; i < 8; ++i) s8[i] = lane[i] + lane[i + 8];
+  for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+// The kernels compute exactly the formula, element by element.
+TEST_P(Int8MatmulTest, MatchesTheFormulaBitForBit) {
+  const DType t = GetParam();
+  const size_t K = dtype_traits(t).block_elems == 256 ? 1280 : 800, N = 19, R = 5;
+  auto wbytes = random_weights(t, K, N, 21);
+  const WeightView w{t, wbytes.data(), K, N};
+  const auto x = activations(R, K, 23);
+  for (const Kernel& k : test::int8_kernels())
+    for (size_t n : {size_t{1}, R}) {  // natural and chunked activation layouts
+      const auto y = run(k.cols, nullptr, w, x.data(), n);
+      for (size_t r = 0; r < n; ++r)
+        for (size_t j = 0; j < N; ++j) {
+          const float want = formula(t, wbytes.data() + j * w.row_bytes(), x.data() + r * K, K);
+          EXPECT_EQ(std::bit_cast<uint32_t>(y[r * N + j]), std::bit_cast<uint32_t>(want))
+              << k.name << " rows=" << n << " r=" << r << " j=" << j << ": " << y[r * N + j]
+              << " vs " << want;
+        }
+    }
+}
+
 // Per 32-element block b of weight row j: dw_b and m_b such that each weight
-// is dw_b * code + m_b with |code| <= qmax (the fields the int8 formula uses).
+// is dw_b * code + m_b with |code| <= qmax (the fields the int8 formula uses;
+// Q6_K: dw_b = d * the larger |sub-block scale|).
 struct BlockScale {
   double dw, m;
 };
 std::vector<BlockScale> block_scales(DType t, const uint8_t* row, size_t K) {
   std::vector<BlockScale> s;
-  auto h = [](const uint8_t* p) { return static_cast<double>(f16_to_f32(load_u16(p))); };
-  for (size_t b = 0; b < K / 32; ++b) switch (t) {
-      case DType::Q8_0:
-        s.push_back({h(row + 34 * b), 0});
-        break;
-      case DType::Q4_0:
-        s.push_back({h(row + 18 * b), 0});
-        break;
-      case DType::Q4_1:
-        s.push_back({h(row + 20 * b), h(row + 20 * b + 2)});
-        break;
-      default: {
-        const uint8_t* sb = row + (t == DType::Q4_K ? 144 : 176) * (b / 8);
-        uint8_t sc, mn;
-        k_scale_min(static_cast<int>(b % 8), sb + 4, &sc, &mn);
-        s.push_back({h(sb) * sc, h(sb + 2) * mn});
-      }
-    }
+  for (size_t b = 0; b < K / 32; ++b) {
+    const WeightBlock w = weight_block(t, row, b);
+    const double sc = std::max(std::abs(w.sc[0]), std::abs(w.sc[1]));
+    s.push_back({double{w.dw} * sc, double{w.m}});
+  }
   return s;
 }
 
@@ -126,7 +251,7 @@ std::vector<BlockScale> block_scales(DType t, const uint8_t* row, size_t K) {
 TEST_P(Int8MatmulTest, CloseToExactMatmulWithinRoundingBound) {
   const DType t = GetParam();
   const size_t K = dtype_traits(t).block_elems == 256 ? 1536 : 576, N = 64, R = 8;
-  const double qmax = t == DType::Q8_0 ? 128 : t == DType::Q5_K ? 31 : 15;
+  const double qmax = t == DType::Q8_0 ? 128 : t == DType::Q6_K ? 32 : t == DType::Q5_K ? 31 : 15;
   auto wbytes = random_weights(t, K, N, 3);
   const WeightView w{t, wbytes.data(), K, N};
   const auto x = activations(R, K, 5);
@@ -194,7 +319,7 @@ TEST(Int8Matmul, ExactWhenActivationsAreCodes) {
 
 TEST(Int8Matmul, UnsupportedTypesRunExact) {
   const size_t K = 256, N = 8;
-  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q6_K}) {
+  for (DType t : {DType::F32, DType::F16, DType::BF16}) {
     EXPECT_FALSE(int8_matmul_supported(t));
     auto wbytes = random_weights(t, K, N, 2);
     const WeightView w{t, wbytes.data(), K, N};
