@@ -82,7 +82,7 @@ double max_rel_diff(const std::vector<std::vector<float>>& a,
 // so their bound is 3e-2, the size of bf16 rounding accumulated over a few
 // layers.
 constexpr double kTinyTolerance = 1e-4, kBf16Tolerance = 3e-2, kSmolTolerance = 5e-4;
-constexpr double kInt8Tolerance = kTinyTolerance;
+constexpr double kInt8Tolerance = kBf16Tolerance;
 
 // Greedy tokens must agree wherever the CPU's best logit leads the second by
 // more than twice the tolerance (closer calls may flip within it).
@@ -138,10 +138,16 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, TinyGpuTest,
                                            "tiny-mistral-sw4-f32"));
 
 // Int8 mode: the GPU (matmul_q8 for Q4_K and Q6_K) against the CPU in int8
-// mode. Both quantize the activations to the same codes (tested bit for bit
-// in matmul_q8_test.cpp); they sum the block terms in different orders
-// (one chain against 16 lanes), the same kind of difference as in exact
-// mode, so the bound is kTinyTolerance again.
+// mode. Both quantize activations with the same formula (bit for bit on the
+// same input, matmul_q8_test.cpp) and differ in summation order only, so
+// most runs agree to about 3e-7 of the largest logit. But the inputs of a
+// quantization differ by float rounding (1e-7) between the devices, and now
+// and then one lands on the other side of a rounding boundary: that code
+// moves by one step, d = amax / 127, the size of int8 mode's own rounding,
+// which moves these models' logits by 1-2e-2 against exact mode (measured
+// on the CPU). Seen on the GPU: 2 of 80 prompt lengths. So each prompt is
+// held to kInt8Tolerance (3e-2), and most prompts to kInt8Close (1e-5).
+constexpr double kInt8Close = 1e-5;
 class TinyGpuInt8Test : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(TinyGpuInt8Test, LogitsMatchCpuInt8AndGreedyAgrees) {
@@ -152,7 +158,8 @@ TEST_P(TinyGpuInt8Test, LogitsMatchCpuInt8AndGreedyAgrees) {
   ThreadPool pool(2);
   kernels::Context ctx{&pool, best_cpu_path(), kernels::MatmulMode::Int8};
   std::mt19937 rng(11);
-  for (size_t len : {1u, 7u, 30u}) {
+  size_t close = 0, runs = 0;
+  for (size_t len : {1u, 7u, 30u, 12u, 21u}) {
     std::vector<int32_t> prompt(len);
     for (auto& t : prompt) t = static_cast<int32_t>(rng() % cpu->config().vocab_size);
     std::vector<int32_t> cpu_tokens;
@@ -161,9 +168,12 @@ TEST_P(TinyGpuInt8Test, LogitsMatchCpuInt8AndGreedyAgrees) {
     const double d = max_rel_diff(ref, got);
     EXPECT_LE(d, kInt8Tolerance) << name << " prompt " << len;
     expect_greedy_agrees(ref, got, kInt8Tolerance, name + " prompt " + std::to_string(len));
+    close += d <= kInt8Close;
+    ++runs;
     std::printf("[gpu-vs-cpu int8] %s prompt %zu: max diff %.3g of the largest logit\n",
                 name.c_str(), len, d);
   }
+  EXPECT_GE(close, runs - 1) << name << ": more than one prompt beyond " << kInt8Close;
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyModels, TinyGpuInt8Test,
