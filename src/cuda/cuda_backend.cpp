@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "cuda/cuda_internal.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/matmul_tc.cuh"
 #include "cuda/step_profile.h"
 
 namespace ferry::cuda {
@@ -239,7 +240,8 @@ class CudaBackend final : public model::Backend {
 
   // Which kernel takes a product (docs/CUDA.md): dense bf16/f16 weights go
   // to the tensor-core kernel (activations rounded to bf16 once for all
-  // the weights of the call), other types to matmul_gguf; in fast mode,
+  // the weights of the call, which share one launch), Q4_K / Q6_K in int8
+  // mode to matmul_q8, other types to matmul_gguf; in fast mode,
   // steps of more than kFastMatvecRows rows go to cuBLAS instead. Within
   // the deterministic mode the choice never depends on n_rows.
   void matmul_many(std::span<const kernels::WeightView> ws, const float* x, size_t n_rows,
@@ -248,6 +250,18 @@ class CudaBackend final : public model::Backend {
     mark("matmul");
     const uint16_t* xb = nullptr;  // x in bf16, made on first use
     Int8Rows xq;                   // x quantized for int8 mode, made on first use
+    // Dense weights of one type wait here to share one tensor-core launch.
+    const uint16_t* tc_w[tc::kMaxWeights];
+    size_t tc_n[tc::kMaxWeights];
+    float* tc_y[tc::kMaxWeights];
+    size_t n_tc = 0;
+    DType tc_type = DType::BF16;
+    auto flush_tc = [&] {
+      if (n_tc == 0) return;
+      cuda::matmul_tc_many({tc_w, n_tc}, tc_type == DType::F16, ws[0].n_in, {tc_n, n_tc}, xb,
+                           n_rows, {tc_y, n_tc}, stream_);
+      n_tc = 0;
+    };
     for (size_t i = 0; i < ws.size(); ++i) {
       const kernels::WeightView& w = ws[i];
       const bool small = opts_.deterministic || n_rows <= kFastMatvecRows;
@@ -263,12 +277,16 @@ class CudaBackend final : public model::Backend {
           cuda::f32_to_bf16(x, n_rows * w.n_in, b, stream_);
           xb = b;
         }
-        cuda::matmul_tc(reinterpret_cast<const uint16_t*>(w.data), w.type == DType::F16, w.n_in,
-                        w.n_out, xb, n_rows, ys[i], stream_);
+        if (w.type != tc_type || n_tc == tc::kMaxWeights) flush_tc();
+        tc_type = w.type;
+        tc_w[n_tc] = reinterpret_cast<const uint16_t*>(w.data);
+        tc_n[n_tc] = w.n_out;
+        tc_y[n_tc++] = ys[i];
       } else {
         cuda::matmul_gguf(w.data, w.type, w.n_in, w.n_out, x, n_rows, ys[i], stream_);
       }
     }
+    flush_tc();
   }
 
   // Int8 mode (--matmul int8, the CLI's default) takes Q4_K and Q6_K weights

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "core/dtype.h"
 #include "kernels/ops.h"
@@ -66,6 +67,13 @@ void matmul_gguf(const uint8_t* w, DType type, size_t n_in, size_t n_out, const 
 // tiles for few rows, a tiled GEMM for many.
 void matmul_tc(const uint16_t* w, bool w_f16, size_t n_in, size_t n_out, const uint16_t* x,
                size_t n_rows, float* y, cudaStream_t stream);
+// matmul_tc for up to 4 weights of the same n_in and type against the same
+// x (Q/K/V, gate/up) in one launch: y[i] = x W[i]^T, each bit-identical to
+// its own matmul_tc call (the column tiles of all the weights share one
+// grid, so small products keep more of the GPU busy).
+void matmul_tc_many(std::span<const uint16_t* const> w, bool w_f16, size_t n_in,
+                    std::span<const size_t> n_out, const uint16_t* x, size_t n_rows,
+                    std::span<float* const> y, cudaStream_t stream);
 
 // MatmulMode::Int8 on the GPU (docs/CUDA.md, "Int8 mode"): activations
 // quantized per 32-element block as the CPU does (kernels/ops.h: d =

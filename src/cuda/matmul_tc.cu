@@ -54,6 +54,7 @@
 // weight tiles (read once from HBM) and the small x stays in L2.
 #include <algorithm>
 #include <atomic>
+#include <span>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -98,6 +99,17 @@ __device__ __forceinline__ void split_f16x2(uint32_t h, uint32_t& hi, uint32_t& 
 }
 
 // ---- the kernel ----------------------------------------------------------------
+
+// Up to kMaxWeights weights of the same n_in in one launch (Q/K/V,
+// gate/up): their column tiles follow one another in the grid; tiles[i] is
+// weight i's count of column tiles for the variant launched.
+struct Weights {
+  const uint16_t* w[kMaxWeights];
+  float* y[kMaxWeights];
+  uint32_t n_out[kMaxWeights];
+  uint32_t tiles[kMaxWeights];
+  int n = 0;
+};
 
 template <int BM, int BN, int WM, int WN, int BK, int STAGES>
 struct Tile {
@@ -240,9 +252,8 @@ __device__ __forceinline__ void mma_step(float (&acc)[kMT][kNT][4], const Frags<
 // each output sees exactly n_in / 16 mma steps whatever BK is.
 template <int BM, int BN, int WM, int WN, int BK, int STAGES, bool kF16>
 __global__ void __launch_bounds__(Tile<BM, BN, WM, WN, BK, STAGES>::kThreads)
-    matmul_tc_kernel(const uint16_t* __restrict__ w, const uint16_t* __restrict__ x,
-                     float* __restrict__ y, uint32_t n_in, uint32_t n_out, uint32_t n_rows,
-                     uint32_t row_tiles) {
+    matmul_tc_kernel(Weights ws, const uint16_t* __restrict__ x, uint32_t n_in,
+                     uint32_t n_rows, uint32_t row_tiles) {
   using T = Tile<BM, BN, WM, WN, BK, STAGES>;
   constexpr int KK = BK / 16;  // k16 steps per tile
   constexpr uint32_t kStageBytes = T::kStageElems * 2;
@@ -250,7 +261,13 @@ __global__ void __launch_bounds__(Tile<BM, BN, WM, WN, BK, STAGES>::kThreads)
   const uint32_t smem = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
 
   const uint32_t r0 = (blockIdx.x % row_tiles) * BN;  // first activation row
-  const uint32_t j0 = (blockIdx.x / row_tiles) * BM;  // first output column
+  // The weight this CTA's column tile belongs to, and the tile within it.
+  uint32_t col_tile = blockIdx.x / row_tiles, wi = 0;
+  while (col_tile >= ws.tiles[wi]) col_tile -= ws.tiles[wi++];
+  const uint16_t* __restrict__ w = ws.w[wi];
+  float* __restrict__ y = ws.y[wi];
+  const uint32_t n_out = ws.n_out[wi];
+  const uint32_t j0 = col_tile * BM;  // first output column
   const uint32_t k_steps = n_in / 16;
   const uint32_t full_tiles = n_in / BK, k_tiles = (n_in + BK - 1) / BK;
 
@@ -330,11 +347,10 @@ __global__ void __launch_bounds__(Tile<BM, BN, WM, WN, BK, STAGES>::kThreads)
 // ---- variants ----------------------------------------------------------------
 
 struct Args {
-  const uint16_t* w;
-  size_t n_in, n_out;
+  Weights ws;  // tiles filled by launch
+  size_t n_in;
   const uint16_t* x;
   size_t n_rows;
-  float* y;
   cudaStream_t stream;
 };
 
@@ -356,12 +372,18 @@ struct Variant {
                                             static_cast<int>(T::kSmemBytes)));
       done.fetch_or(bit, std::memory_order_relaxed);
     }
-    const size_t row_tiles = (a.n_rows + BN - 1) / BN, col_tiles = (a.n_out + BM - 1) / BM;
+    Weights ws = a.ws;
+    size_t col_tiles = 0;
+    for (int i = 0; i < ws.n; ++i) {
+      ws.tiles[i] = (ws.n_out[i] + BM - 1) / BM;
+      col_tiles += ws.tiles[i];
+    }
+    const size_t row_tiles = (a.n_rows + BN - 1) / BN;
     FERRY_CHECK(row_tiles * col_tiles <= 0x7fffffffu, "matmul_tc",
-                "too many tiles: n_rows=", a.n_rows, " n_out=", a.n_out);
+                "too many tiles: n_rows=", a.n_rows, " column tiles=", col_tiles);
     kernel<<<static_cast<unsigned>(row_tiles * col_tiles), T::kThreads, T::kSmemBytes, a.stream>>>(
-        a.w, a.x, a.y, static_cast<uint32_t>(a.n_in), static_cast<uint32_t>(a.n_out),
-        static_cast<uint32_t>(a.n_rows), static_cast<uint32_t>(row_tiles));
+        ws, a.x, static_cast<uint32_t>(a.n_in), static_cast<uint32_t>(a.n_rows),
+        static_cast<uint32_t>(row_tiles));
     FERRY_CUDA_LAUNCHED("matmul_tc_kernel");
   }
 };
@@ -467,25 +489,60 @@ size_t choose_config(size_t n_in, size_t n_out, size_t n_rows) {
   return cand[n - 1];
 }
 
-void matmul_tc_with(size_t cfg, const uint16_t* w, bool w_f16, size_t n_in, size_t n_out,
-                    const uint16_t* x, size_t n_rows, float* y, cudaStream_t stream) {
-  FERRY_CHECK(cfg < kN, "matmul_tc", "config ", cfg, " of ", kN);
-  if (n_rows == 0 || n_out == 0) return;
+namespace {
+
+void check_args(size_t n_in, size_t n_out, size_t n_rows, const uint16_t* w, const uint16_t* x) {
   FERRY_CHECK(n_in % 16 == 0, "matmul_tc", "n_in=", n_in, " not a multiple of 16");
   FERRY_CHECK(n_in < (size_t{1} << 31) && n_out < (size_t{1} << 31) && n_rows < (size_t{1} << 31),
               "matmul_tc", "shape too large: n_in=", n_in, " n_out=", n_out, " n_rows=", n_rows);
   FERRY_CHECK(reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0,
               "matmul_tc", "w and x must be 16-byte aligned");
-  const Args a{w, n_in, n_out, x, n_rows, y, stream};
+}
+
+}  // namespace
+
+void matmul_tc_many_with(size_t cfg, std::span<const uint16_t* const> w, bool w_f16, size_t n_in,
+                         std::span<const size_t> n_out, const uint16_t* x, size_t n_rows,
+                         std::span<float* const> y, cudaStream_t stream) {
+  FERRY_CHECK(cfg < kN, "matmul_tc", "config ", cfg, " of ", kN);
+  FERRY_CHECK(!w.empty() && w.size() <= kMaxWeights && n_out.size() == w.size() &&
+                  y.size() == w.size(),
+              "matmul_tc", w.size(), " weights (at most ", kMaxWeights, ")");
+  Args a{{}, n_in, x, n_rows, stream};
+  for (size_t i = 0; i < w.size(); ++i) {
+    check_args(n_in, n_out[i], n_rows, w[i], x);
+    if (n_out[i] == 0) continue;
+    a.ws.w[a.ws.n] = w[i];
+    a.ws.y[a.ws.n] = y[i];
+    a.ws.n_out[a.ws.n++] = static_cast<uint32_t>(n_out[i]);
+  }
+  if (n_rows == 0 || a.ws.n == 0) return;
   (w_f16 ? kTable.f16 : kTable.bf16)[cfg](a);
+}
+
+void matmul_tc_with(size_t cfg, const uint16_t* w, bool w_f16, size_t n_in, size_t n_out,
+                    const uint16_t* x, size_t n_rows, float* y, cudaStream_t stream) {
+  matmul_tc_many_with(cfg, std::span<const uint16_t* const>(&w, 1), w_f16, n_in,
+                      std::span<const size_t>(&n_out, 1), x, n_rows, std::span<float* const>(&y, 1),
+                      stream);
 }
 
 }  // namespace tc
 
+void matmul_tc_many(std::span<const uint16_t* const> w, bool w_f16, size_t n_in,
+                    std::span<const size_t> n_out, const uint16_t* x, size_t n_rows,
+                    std::span<float* const> y, cudaStream_t stream) {
+  size_t total = 0;
+  for (size_t n : n_out) total += n;
+  tc::matmul_tc_many_with(tc::choose_config(n_in, total, n_rows), w, w_f16, n_in, n_out, x, n_rows,
+                          y, stream);
+}
+
 void matmul_tc(const uint16_t* w, bool w_f16, size_t n_in, size_t n_out, const uint16_t* x,
                size_t n_rows, float* y, cudaStream_t stream) {
-  tc::matmul_tc_with(tc::choose_config(n_in, n_out, n_rows), w, w_f16, n_in, n_out, x, n_rows, y,
-                     stream);
+  matmul_tc_many(std::span<const uint16_t* const>(&w, 1), w_f16, n_in,
+                 std::span<const size_t>(&n_out, 1), x, n_rows, std::span<float* const>(&y, 1),
+                 stream);
 }
 
 }  // namespace ferry::cuda

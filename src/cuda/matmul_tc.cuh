@@ -12,8 +12,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 namespace ferry::cuda::tc {
+
+inline constexpr size_t kMaxWeights = 4;  // weights in one matmul_tc_many launch
 
 struct TileConfig {
   const char* name;
@@ -30,8 +33,12 @@ const TileConfig& config(size_t i);
 // The variant matmul_tc uses for this shape (an index into config()).
 size_t choose_config(size_t n_in, size_t n_out, size_t n_rows);
 
-// matmul_tc with the variant forced (same preconditions, same results).
+// matmul_tc / matmul_tc_many with the variant forced (same preconditions,
+// same results).
 void matmul_tc_with(size_t config, const uint16_t* w, bool w_f16, size_t n_in, size_t n_out,
                     const uint16_t* x, size_t n_rows, float* y, cudaStream_t stream);
+void matmul_tc_many_with(size_t config, std::span<const uint16_t* const> w, bool w_f16,
+                         size_t n_in, std::span<const size_t> n_out, const uint16_t* x,
+                         size_t n_rows, std::span<float* const> y, cudaStream_t stream);
 
 }  // namespace ferry::cuda::tc

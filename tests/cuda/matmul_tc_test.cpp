@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -236,6 +237,48 @@ TEST(CudaTc, MatmulTcRejectsBadShapes) {
   EXPECT_THROW(cuda::matmul_tc(buf + 1, false, 16, 1, buf, 1, out, nullptr), Error);  // align
   EXPECT_THROW(cuda::matmul_tc(buf, false, 16, 1, buf + 1, 1, out, nullptr), Error);
   cuda::matmul_tc(buf, false, 16, 1, buf, 0, out, nullptr);  // no rows: nothing to do
+}
+
+// Several weights in one launch (matmul_tc_many: Q/K/V, gate/up): each
+// output bit-identical to its weight's own matmul_tc call, for every tile
+// variant, ragged widths (tiles of one weight end mid-grid) and 1 to 130
+// rows; nothing written past any output.
+TEST(CudaTc, ManyWeightsInOneLaunchEqualSeparateCalls) {
+  REQUIRE_GPU();
+  const size_t n_in = 1040, n_outs[] = {77, 16, 200};
+  std::vector<Half16> w;
+  std::vector<std::unique_ptr<DeviceBuffer<uint16_t>>> d_w;
+  for (size_t i = 0; i < 3; ++i) {
+    w.push_back(random_half16(n_outs[i] * n_in, 401 + i, false));
+    d_w.push_back(std::make_unique<DeviceBuffer<uint16_t>>(w.back().bits));
+  }
+  for (size_t n_rows : {1, 9, 130}) {
+    const auto x = random_half16(n_rows * n_in, 402 + n_rows, false, 2.0f);
+    const DeviceBuffer<uint16_t> d_x(x.bits);
+    std::vector<std::vector<float>> alone;
+    for (size_t i = 0; i < 3; ++i)
+      alone.push_back(run_tc(*d_w[i], false, n_in, n_outs[i], d_x.get(), n_rows));
+    for (size_t cfg = 0; cfg < cuda::tc::n_configs(); ++cfg) {
+      constexpr size_t guard = 64;
+      std::vector<std::unique_ptr<DeviceBuffer<float>>> d_y;
+      const uint16_t* ws[3];
+      float* ys[3];
+      for (size_t i = 0; i < 3; ++i) {
+        d_y.push_back(std::make_unique<DeviceBuffer<float>>(n_rows * n_outs[i] + guard));
+        d_y.back()->poison();
+        ws[i] = d_w[i]->get();
+        ys[i] = d_y.back()->get();
+      }
+      cuda::tc::matmul_tc_many_with(cfg, ws, false, n_in, n_outs, d_x.get(), n_rows, ys, nullptr);
+      for (size_t i = 0; i < 3; ++i) {
+        const auto y = d_y[i]->download();
+        EXPECT_EQ(first_bit_diff(alone[i], y.data(), alone[i].size()), -1)
+            << cuda::tc::config(cfg).name << " weight " << i << " rows " << n_rows;
+        for (size_t k = n_rows * n_outs[i]; k < y.size(); ++k)
+          ASSERT_EQ(bits(y[k]), 0xffffffffu) << "weight " << i << " wrote past its end";
+      }
+    }
+  }
 }
 
 }  // namespace
