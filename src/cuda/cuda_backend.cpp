@@ -262,13 +262,28 @@ class CudaBackend final : public model::Backend {
                            n_rows, {tc_y, n_tc}, stream_);
       n_tc = 0;
     };
+    // And Q4_K / Q6_K weights of one type, for one int8 launch.
+    const uint8_t* q8_w[tc::kMaxWeights];
+    size_t q8_n[tc::kMaxWeights];
+    float* q8_y[tc::kMaxWeights];
+    size_t n_q8 = 0;
+    DType q8_type = DType::Q4_K;
+    auto flush_q8 = [&] {
+      if (n_q8 == 0) return;
+      cuda::matmul_q8_many({q8_w, n_q8}, q8_type, ws[0].n_in, {q8_n, n_q8}, xq.codes, xq.d,
+                           xq.dsum, n_rows, {q8_y, n_q8}, stream_);
+      n_q8 = 0;
+    };
     for (size_t i = 0; i < ws.size(); ++i) {
       const kernels::WeightView& w = ws[i];
       const bool small = opts_.deterministic || n_rows <= kFastMatvecRows;
       if (int8_takes(w)) {
         if (!xq.codes) xq = quantize_rows(x, n_rows, w.n_in);
-        cuda::matmul_q8(w.data, w.type, w.n_in, w.n_out, xq.codes, xq.d, xq.dsum, n_rows, ys[i],
-                        stream_);
+        if (w.type != q8_type || n_q8 == tc::kMaxWeights) flush_q8();
+        q8_type = w.type;
+        q8_w[n_q8] = w.data;
+        q8_n[n_q8] = w.n_out;
+        q8_y[n_q8++] = ys[i];
       } else if (!small) {
         matmul_cublas(w, x, n_rows, ys[i]);
       } else if (w.type == DType::BF16 || w.type == DType::F16) {
@@ -287,6 +302,7 @@ class CudaBackend final : public model::Backend {
       }
     }
     flush_tc();
+    flush_q8();
   }
 
   // Int8 mode (--matmul int8, the CLI's default) takes Q4_K and Q6_K weights

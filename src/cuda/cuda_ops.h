@@ -102,6 +102,12 @@ bool q8_supported(DType type);
 // n_rows, r, or the kernel and tile chosen (matmul_q8.cu).
 void matmul_q8(const uint8_t* w, DType type, size_t n_in, size_t n_out, const int8_t* codes,
                const float* d, const float* dsum, size_t n_rows, float* y, cudaStream_t stream);
+// matmul_q8 for up to 4 weights of one type and n_in against the same rows
+// in one launch, each output bit-identical to its own matmul_q8 call.
+void matmul_q8_many(std::span<const uint8_t* const> w, DType type, size_t n_in,
+                    std::span<const size_t> n_out, const int8_t* codes, const float* d,
+                    const float* dsum, size_t n_rows, std::span<float* const> y,
+                    cudaStream_t stream);
 
 // Weight rows decoded to bf16 ([n_out, n_in]), for the cuBLAS path.
 void dequantize_bf16(const uint8_t* w, DType type, size_t n_in, size_t n_out, uint16_t* out,

@@ -52,6 +52,7 @@
 // stored.
 #include <algorithm>
 #include <atomic>
+#include <span>
 #include <tuple>
 #include <utility>
 
@@ -142,29 +143,51 @@ __device__ __forceinline__ float exact_float(int32_t v) {
   return __fsub_rn(__int_as_float(v + 0x4b400000), 12582912.0f);
 }
 
+constexpr int kMaxWeights = 4;  // weights of one type and n_in in one launch
+
+// A launch: up to kMaxWeights weights (their column tiles follow one
+// another in the grid, tiles[i] per weight for the variant launched) and
+// the quantized rows.
 struct Params {
-  const uint8_t* w;
   size_t row_bytes;
   const int8_t* codes;
   const float* d;
   const float* dsum;
-  float* y;
-  uint32_t n_in, n_out, n_rows, row_tiles;
+  uint32_t n_in, n_rows, row_tiles;
+  const uint8_t* ws[kMaxWeights];
+  float* ys[kMaxWeights];
+  uint32_t n_outs[kMaxWeights], tiles[kMaxWeights];
+  int n_weights;
 };
+
+// The weight of a CTA's column tile (kept out of Params: writing to a
+// kernel parameter would copy the whole struct to local memory).
+struct Target {
+  const uint8_t* w;
+  float* y;
+  uint32_t n_out;
+  uint32_t tile;  // the CTA's column tile within the weight
+};
+__device__ __forceinline__ Target select(const Params& p) {
+  uint32_t tile = blockIdx.x / p.row_tiles;
+  int i = 0;
+  while (tile >= p.tiles[i]) tile -= p.tiles[i++];
+  return {p.ws[i], p.ys[i], p.n_outs[i], tile};
+}
 
 // Issues the copies of super-block sb into the stage at smem address st.
 template <DType T, class Tl>
-__device__ __forceinline__ void issue_stage(const Params& p, uint32_t st, uint32_t sb, uint32_t j0,
-                                            uint32_t r0) {
+__device__ __forceinline__ void issue_stage(const Params& p, const Target& t, uint32_t st,
+                                            uint32_t sb, uint32_t j0, uint32_t r0) {
   using L = WeightLayout<T>;
   const uint32_t nb = p.n_in / 32;
   for (int i = static_cast<int>(threadIdx.x); i < Tl::kCopies; i += Tl::kThreads) {
     if (i < Tl::kWCopies) {
       const int row = i / L::kChunks, c = i % L::kChunks;
       const uint32_t j = j0 + row;
-      const bool ok = j < p.n_out;
+      const bool ok = j < t.n_out;
       const uintptr_t a =
-          reinterpret_cast<uintptr_t>(p.w + (ok ? j : 0) * p.row_bytes + size_t{sb} * L::kBytes);
+          reinterpret_cast<uintptr_t>(t.w + (ok ? j : 0) * p.row_bytes + size_t{sb} * L::kBytes);
       const void* src = reinterpret_cast<const void*>((a & ~uintptr_t{15}) + 16 * c);
       cp_async16(st + row * L::kPitch + 16 * c, src, ok);
       continue;
@@ -320,9 +343,10 @@ __device__ __forceinline__ void stage_q6_k(float (&acc)[Tl::kMT][Tl::kNT][4], co
 // Where super-block sb of weight row j starts inside its stage window
 // (0 for Q4_K, whose rows and super-blocks are 16-byte aligned).
 template <DType T>
-__device__ __forceinline__ uint32_t window_offset(const Params& p, uint32_t j, uint32_t sb) {
+__device__ __forceinline__ uint32_t window_offset(const Params& p, const Target& t, uint32_t j,
+                                                  uint32_t sb) {
   if constexpr (T == DType::Q4_K) return 0;
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p.w + (j < p.n_out ? j : 0) * p.row_bytes +
+  const uintptr_t a = reinterpret_cast<uintptr_t>(t.w + (j < t.n_out ? j : 0) * p.row_bytes +
                                                   size_t{sb} * WeightLayout<T>::kBytes);
   return static_cast<uint32_t>(a & 15);
 }
@@ -335,7 +359,8 @@ __device__ __forceinline__ uint32_t window_offset(const Params& p, uint32_t j, u
 // compute(stage, sb) runs. Every iteration commits one group (empty past
 // the end), so the wait count never changes.
 template <DType T, class S, int STAGES, class F>
-__device__ __forceinline__ void k_loop(const Params& p, uint32_t j0, uint32_t r0, F&& compute) {
+__device__ __forceinline__ void k_loop(const Params& p, const Target& t, uint32_t j0, uint32_t r0,
+                                       F&& compute) {
   static_assert(STAGES >= 2, "pipeline");
   extern __shared__ uint4 smem_raw[];
   const uint8_t* smem = reinterpret_cast<const uint8_t*>(smem_raw);
@@ -344,7 +369,7 @@ __device__ __forceinline__ void k_loop(const Params& p, uint32_t j0, uint32_t r0
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (static_cast<uint32_t>(s) < n_sb)
-      issue_stage<T, S>(p, smem_addr + s * S::kStageBytes, s, j0, r0);
+      issue_stage<T, S>(p, t, smem_addr + s * S::kStageBytes, s, j0, r0);
     cp_async_commit();
   }
   for (uint32_t sb = 0; sb < n_sb; ++sb) {
@@ -352,7 +377,7 @@ __device__ __forceinline__ void k_loop(const Params& p, uint32_t j0, uint32_t r0
     __syncthreads();
     const uint32_t next = sb + STAGES - 1;
     if (next < n_sb)
-      issue_stage<T, S>(p, smem_addr + (next % STAGES) * S::kStageBytes, next, j0, r0);
+      issue_stage<T, S>(p, t, smem_addr + (next % STAGES) * S::kStageBytes, next, j0, r0);
     cp_async_commit();
     compute(smem + (sb % STAGES) * S::kStageBytes, sb);
   }
@@ -362,10 +387,11 @@ __device__ __forceinline__ void k_loop(const Params& p, uint32_t j0, uint32_t r0
 // Many rows: warp tiles of m16 x n8 int8 mma tiles.
 template <DType T, int BM, int BN, int WM, int WN, int STAGES>
 __global__ void __launch_bounds__(Tile<T, BM, BN, WM, WN, STAGES>::kThreads)
-    matmul_q8_kernel(Params p) {
+    matmul_q8_kernel(const Params p) {
+  const Target t = select(p);
   using Tl = Tile<T, BM, BN, WM, WN, STAGES>;
   const uint32_t r0 = (blockIdx.x % p.row_tiles) * BN;
-  const uint32_t j0 = (blockIdx.x / p.row_tiles) * BM;
+  const uint32_t j0 = t.tile * BM;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, c = lane % 4;
   const int a_row0 = (warp % WM) * Tl::kTM, b_row0 = (warp / WM) * Tl::kTN;
@@ -378,7 +404,7 @@ __global__ void __launch_bounds__(Tile<T, BM, BN, WM, WN, STAGES>::kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
 
-  k_loop<T, Tl, STAGES>(p, j0, r0, [&](const uint8_t* st, uint32_t sb) {
+  k_loop<T, Tl, STAGES>(p, t, j0, r0, [&](const uint8_t* st, uint32_t sb) {
     const uint8_t* sx = st + Tl::kWBytes;
     const float* sdx = reinterpret_cast<const float*>(st + Tl::kWBytes + Tl::kXBytes);
     float part[Tl::kMT][Tl::kNT][4];  // this super-block's chain
@@ -396,7 +422,7 @@ __global__ void __launch_bounds__(Tile<T, BM, BN, WM, WN, STAGES>::kThreads)
       for (int mt = 0; mt < Tl::kMT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          off[mt][h] = window_offset<T>(p, j0 + a_row0 + mt * 16 + g + 8 * h, sb);
+          off[mt][h] = window_offset<T>(p, t, j0 + a_row0 + mt * 16 + g + 8 * h, sb);
       stage_q6_k<Tl>(part, st, sx, sdx, off, a_row0, b_row0, g, c);
     }
 #pragma unroll
@@ -415,7 +441,7 @@ __global__ void __launch_bounds__(Tile<T, BM, BN, WM, WN, STAGES>::kThreads)
       for (int e = 0; e < 4; ++e) {
         const uint32_t j = j0 + a_row0 + mt * 16 + g + 8 * (e / 2);
         const uint32_t r = r0 + b_row0 + nt * 8 + 2 * c + e % 2;
-        if (j < p.n_out && r < p.n_rows) p.y[size_t{r} * p.n_out + j] = acc[mt][nt][e];
+        if (j < t.n_out && r < p.n_rows) t.y[size_t{r} * t.n_out + j] = acc[mt][nt][e];
       }
 }
 
@@ -528,7 +554,8 @@ constexpr size_t v_smem_bytes() {
 }
 
 template <DType T, int NR, int CPW>
-__global__ void __launch_bounds__(kVWarps * 32) matvec_q8_kernel(Params p) {
+__global__ void __launch_bounds__(kVWarps * 32) matvec_q8_kernel(const Params p) {
+  const Target tg = select(p);
   using L = WeightLayout<T>;
   constexpr int kWBuf = v_wbuf_bytes<T>();
   extern __shared__ uint4 smem_raw[];
@@ -541,7 +568,7 @@ __global__ void __launch_bounds__(kVWarps * 32) matvec_q8_kernel(Params p) {
   float* parts = sds + NR * kVChunk * 8 + warp * NR * kVChunk;
 
   const uint32_t r0 = (blockIdx.x % p.row_tiles) * NR;
-  const uint32_t jw = (blockIdx.x / p.row_tiles) * (kVWarps * CPW) + warp * CPW;
+  const uint32_t jw = tg.tile * (kVWarps * CPW) + warp * CPW;
   const uint32_t n_sb = p.n_in / 256, nb = p.n_in / 32;
   const uint32_t n_chunks = (n_sb + kVChunk - 1) / kVChunk;
   const uint32_t n_items = n_chunks * CPW;  // (chunk, column) pairs, chunk-major
@@ -550,9 +577,9 @@ __global__ void __launch_bounds__(kVWarps * 32) matvec_q8_kernel(Params p) {
   // [32 ch, 32 ch + n) from the 16-byte boundary below their start.
   auto issue = [&](uint32_t i) {
     const uint32_t ch = i / CPW, j = jw + i % CPW;
-    if (i < n_items && j < p.n_out) {
+    if (i < n_items && j < tg.n_out) {
       const uint32_t n = min(n_sb - ch * kVChunk, static_cast<uint32_t>(kVChunk));
-      const uintptr_t a = reinterpret_cast<uintptr_t>(p.w + size_t{j} * p.row_bytes +
+      const uintptr_t a = reinterpret_cast<uintptr_t>(tg.w + size_t{j} * p.row_bytes +
                                                       size_t{ch} * kVChunk * L::kBytes);
       const uintptr_t base = a & ~uintptr_t{15};
       const uint32_t chunks = static_cast<uint32_t>((a - base + n * L::kBytes + 15) / 16);
@@ -593,12 +620,12 @@ __global__ void __launch_bounds__(kVWarps * 32) matvec_q8_kernel(Params p) {
     issue(i + 1);
     cp_async_wait<1>();  // item i has landed
     __syncwarp();
-    if (j < p.n_out) {
+    if (j < tg.n_out) {
       float part[NR];
 #pragma unroll
       for (int r = 0; r < NR; ++r) part[r] = 0.0f;
       if (static_cast<uint32_t>(lane) < n) {
-        const uintptr_t a = reinterpret_cast<uintptr_t>(p.w + size_t{j} * p.row_bytes +
+        const uintptr_t a = reinterpret_cast<uintptr_t>(tg.w + size_t{j} * p.row_bytes +
                                                         size_t{ch} * kVChunk * L::kBytes);
         const uint8_t* w = wbuf + (i % 2) * kWBuf + (a & 15) + lane * L::kBytes;
         const uint8_t* x = sx + lane * kXPitch;
@@ -619,14 +646,14 @@ __global__ void __launch_bounds__(kVWarps * 32) matvec_q8_kernel(Params p) {
   cp_async_wait<0>();
 #pragma unroll
   for (int c = 0; c < CPW; ++c)
-    if (lane < NR && jw + c < p.n_out && r0 + lane < p.n_rows)
-      p.y[size_t{r0 + lane} * p.n_out + jw + c] = y[c];
+    if (lane < NR && jw + c < tg.n_out && r0 + lane < p.n_rows)
+      tg.y[size_t{r0 + lane} * tg.n_out + jw + c] = y[c];
 }
 
 // Launches kernel on (row tiles x column tiles) CTAs, raising its dynamic
 // shared-memory limit once per device first.
 template <auto Kernel>
-void launch(const Params& p, int bm, int threads, size_t smem, cudaStream_t stream) {
+void launch(Params p, int bm, int threads, size_t smem, cudaStream_t stream) {
   static std::atomic<uint64_t> done{0};
   int dev = 0;
   FERRY_CUDA_CHECK(cudaGetDevice(&dev));
@@ -636,9 +663,13 @@ void launch(const Params& p, int bm, int threads, size_t smem, cudaStream_t stre
                                           static_cast<int>(smem)));
     done.fetch_or(bit, std::memory_order_relaxed);
   }
-  const size_t col_tiles = (p.n_out + bm - 1) / bm;
+  size_t col_tiles = 0;
+  for (int i = 0; i < p.n_weights; ++i) {
+    p.tiles[i] = (p.n_outs[i] + bm - 1) / bm;
+    col_tiles += p.tiles[i];
+  }
   FERRY_CHECK(size_t{p.row_tiles} * col_tiles <= 0x7fffffffu, "matmul_q8",
-              "too many tiles: n_rows=", p.n_rows, " n_out=", p.n_out);
+              "too many tiles: n_rows=", p.n_rows, " column tiles=", col_tiles);
   Kernel<<<static_cast<unsigned>(p.row_tiles * col_tiles), threads, smem, stream>>>(p);
   FERRY_CUDA_LAUNCHED("matmul_q8");
 }
@@ -778,33 +809,52 @@ size_t choose_config(size_t n_out, size_t n_rows) {
   return cand[n - 1];
 }
 
-void matmul_q8_with(size_t cfg, const uint8_t* w, DType type, size_t n_in, size_t n_out,
-                    const int8_t* codes, const float* d, const float* dsum, size_t n_rows,
-                    float* y, cudaStream_t stream) {
+void matmul_q8_many_with(size_t cfg, std::span<const uint8_t* const> w, DType type, size_t n_in,
+                         std::span<const size_t> n_out, const int8_t* codes, const float* d,
+                         const float* dsum, size_t n_rows, std::span<float* const> y,
+                         cudaStream_t stream) {
   FERRY_CHECK(cfg < kN, "matmul_q8", "config ", cfg, " of ", kN);
   FERRY_CHECK(q8_supported(type), "matmul_q8", "int8 mode does not take ",
               dtype_traits(type).name, " weights");
+  FERRY_CHECK(!w.empty() && w.size() <= size_t{kMaxWeights} && n_out.size() == w.size() &&
+                  y.size() == w.size(),
+              "matmul_q8", w.size(), " weights (at most ", kMaxWeights, ")");
   FERRY_CHECK(n_in % 256 == 0, "matmul_q8", "n_in=", n_in, " is not a whole number of super-blocks");
-  FERRY_CHECK(n_in < (size_t{1} << 31) && n_out < (size_t{1} << 31) && n_rows < (size_t{1} << 31),
-              "matmul_q8", "shape too large: n_in=", n_in, " n_out=", n_out, " n_rows=", n_rows);
-  FERRY_CHECK(reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
-                  reinterpret_cast<uintptr_t>(codes) % 16 == 0 &&
+  FERRY_CHECK(reinterpret_cast<uintptr_t>(codes) % 16 == 0 &&
                   reinterpret_cast<uintptr_t>(d) % 16 == 0 &&
                   reinterpret_cast<uintptr_t>(dsum) % 16 == 0,
-              "matmul_q8", "w, codes, d and dsum must be 16-byte aligned");
-  if (n_rows == 0 || n_out == 0) return;
+              "matmul_q8", "codes, d and dsum must be 16-byte aligned");
   const tc::TileConfig& c = kTable.cfg[cfg];
-  const Params p{w,
-                 row_bytes(type, n_in),
-                 codes,
-                 d,
-                 dsum,
-                 y,
-                 static_cast<uint32_t>(n_in),
-                 static_cast<uint32_t>(n_out),
-                 static_cast<uint32_t>(n_rows),
-                 static_cast<uint32_t>((n_rows + c.bn - 1) / c.bn)};
+  Params p{};
+  p.row_bytes = row_bytes(type, n_in);
+  p.codes = codes;
+  p.d = d;
+  p.dsum = dsum;
+  p.n_in = static_cast<uint32_t>(n_in);
+  p.n_rows = static_cast<uint32_t>(n_rows);
+  p.row_tiles = static_cast<uint32_t>((n_rows + c.bn - 1) / c.bn);
+  for (size_t i = 0; i < w.size(); ++i) {
+    FERRY_CHECK(n_in < (size_t{1} << 31) && n_out[i] < (size_t{1} << 31) &&
+                    n_rows < (size_t{1} << 31),
+                "matmul_q8", "shape too large: n_in=", n_in, " n_out=", n_out[i],
+                " n_rows=", n_rows);
+    FERRY_CHECK(reinterpret_cast<uintptr_t>(w[i]) % 16 == 0, "matmul_q8",
+                "weights must be 16-byte aligned");
+    if (n_out[i] == 0) continue;
+    p.ws[p.n_weights] = w[i];
+    p.ys[p.n_weights] = y[i];
+    p.n_outs[p.n_weights++] = static_cast<uint32_t>(n_out[i]);
+  }
+  if (n_rows == 0 || p.n_weights == 0) return;
   (type == DType::Q4_K ? kTable.q4_k : kTable.q6_k)[cfg](p, stream);
+}
+
+void matmul_q8_with(size_t cfg, const uint8_t* w, DType type, size_t n_in, size_t n_out,
+                    const int8_t* codes, const float* d, const float* dsum, size_t n_rows,
+                    float* y, cudaStream_t stream) {
+  matmul_q8_many_with(cfg, std::span<const uint8_t* const>(&w, 1), type, n_in,
+                      std::span<const size_t>(&n_out, 1), codes, d, dsum, n_rows,
+                      std::span<float* const>(&y, 1), stream);
 }
 
 }  // namespace q8
@@ -825,10 +875,21 @@ void quantize_q8(const float* x, size_t n_rows, size_t n_in, int8_t* codes, floa
   FERRY_CUDA_LAUNCHED("quantize_q8_kernel");
 }
 
+void matmul_q8_many(std::span<const uint8_t* const> w, DType type, size_t n_in,
+                    std::span<const size_t> n_out, const int8_t* codes, const float* d,
+                    const float* dsum, size_t n_rows, std::span<float* const> y,
+                    cudaStream_t stream) {
+  size_t total = 0;
+  for (size_t n : n_out) total += n;
+  q8::matmul_q8_many_with(q8::choose_config(total, n_rows), w, type, n_in, n_out, codes, d, dsum,
+                          n_rows, y, stream);
+}
+
 void matmul_q8(const uint8_t* w, DType type, size_t n_in, size_t n_out, const int8_t* codes,
                const float* d, const float* dsum, size_t n_rows, float* y, cudaStream_t stream) {
-  q8::matmul_q8_with(q8::choose_config(n_out, n_rows), w, type, n_in, n_out, codes, d, dsum,
-                     n_rows, y, stream);
+  matmul_q8_many(std::span<const uint8_t* const>(&w, 1), type, n_in,
+                 std::span<const size_t>(&n_out, 1), codes, d, dsum, n_rows,
+                 std::span<float* const>(&y, 1), stream);
 }
 
 }  // namespace ferry::cuda

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -221,6 +222,47 @@ TEST(CudaQ8, EveryVariantIsTheContractBitForBit) {
         }
       }
     }
+}
+
+// Several weights in one launch (matmul_q8_many: Q/K/V, gate/up): every
+// variant's outputs equal the contract for each weight, and nothing is
+// written past any output.
+TEST(CudaQ8, ManyWeightsInOneLaunchAreTheContract) {
+  REQUIRE_GPU();
+  for (DType t : {DType::Q4_K, DType::Q6_K}) {
+    const size_t n_in = 512, n_outs[] = {70, 16, 130};
+    std::vector<std::vector<uint8_t>> wh;
+    for (size_t i = 0; i < 3; ++i) wh.push_back(random_weights(t, n_in, n_outs[i], 90 + i));
+    for (size_t n_rows : {1u, 3u, 40u}) {
+      const auto x = random_floats(n_rows * n_in, 91 + static_cast<uint32_t>(n_rows), 2.0f);
+      const HostQ8 q = quantize_host(x, n_rows, n_in);
+      std::vector<std::unique_ptr<DeviceQ8>> dev;
+      for (size_t i = 0; i < 3; ++i) dev.push_back(std::make_unique<DeviceQ8>(wh[i], q));
+      for (size_t cfg = 0; cfg < cuda::q8::n_configs(); ++cfg) {
+        constexpr size_t guard = 64;
+        std::vector<std::unique_ptr<DeviceBuffer<float>>> y;
+        const uint8_t* ws[3];
+        float* ys[3];
+        for (size_t i = 0; i < 3; ++i) {
+          y.push_back(std::make_unique<DeviceBuffer<float>>(n_rows * n_outs[i] + guard));
+          y.back()->poison();
+          ws[i] = dev[i]->w.get();
+          ys[i] = y.back()->get();
+        }
+        cuda::q8::matmul_q8_many_with(cfg, ws, t, n_in, n_outs, dev[0]->codes.get(),
+                                      dev[0]->d.get(), dev[0]->dsum.get(), n_rows, ys, nullptr);
+        for (size_t i = 0; i < 3; ++i) {
+          const auto want = contract_all(t, wh[i], n_in, n_outs[i], q, n_rows);
+          const auto got = y[i]->download();
+          EXPECT_EQ(first_bit_diff(want, got.data(), want.size()), -1)
+              << dtype_traits(t).name << " " << cuda::q8::config(cfg).name << " weight " << i
+              << " rows " << n_rows;
+          for (size_t k = want.size(); k < got.size(); ++k)
+            ASSERT_TRUE(std::isnan(got[k])) << "weight " << i << " wrote past its end";
+        }
+      }
+    }
+  }
 }
 
 TEST(CudaQ8, MatchesTheDecodedWeightsInDouble) {
