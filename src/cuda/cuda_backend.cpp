@@ -129,6 +129,41 @@ struct Growable {
   ~Growable() { cudaFree(ptr); }
 };
 
+// Up to tc::kMaxWeights weights of one type waiting for one launch
+// (launch(*this)); adding one of another type, or one too many, launches
+// those waiting first. Made by pending<T>(launch).
+template <class T, class Launch>
+class Pending {
+ public:
+  explicit Pending(Launch launch) : launch_(std::move(launch)) {}
+  void add(const kernels::WeightView& w, const T* data, float* y) {
+    if (n_ > 0 && (w.type != type || n_ == tc::kMaxWeights)) flush();
+    type = w.type;
+    w_[n_] = data;
+    n_out_[n_] = w.n_out;
+    y_[n_++] = y;
+  }
+  void flush() {
+    if (n_ > 0) launch_(*this);
+    n_ = 0;
+  }
+  std::span<const T* const> w() const { return {w_, n_}; }
+  std::span<const size_t> n_out() const { return {n_out_, n_}; }
+  std::span<float* const> y() const { return {y_, n_}; }
+  DType type = DType::F32;
+
+ private:
+  Launch launch_;
+  const T* w_[tc::kMaxWeights];
+  size_t n_out_[tc::kMaxWeights];
+  float* y_[tc::kMaxWeights];
+  size_t n_ = 0;
+};
+template <class T, class Launch>
+Pending<T, Launch> pending(Launch launch) {
+  return Pending<T, Launch>(std::move(launch));
+}
+
 class CudaBackend final : public model::Backend {
  public:
   explicit CudaBackend(const CudaOptions& opts) : opts_(opts) {
@@ -250,40 +285,22 @@ class CudaBackend final : public model::Backend {
     mark("matmul");
     const uint16_t* xb = nullptr;  // x in bf16, made on first use
     Int8Rows xq;                   // x quantized for int8 mode, made on first use
-    // Dense weights of one type wait here to share one tensor-core launch.
-    const uint16_t* tc_w[tc::kMaxWeights];
-    size_t tc_n[tc::kMaxWeights];
-    float* tc_y[tc::kMaxWeights];
-    size_t n_tc = 0;
-    DType tc_type = DType::BF16;
-    auto flush_tc = [&] {
-      if (n_tc == 0) return;
-      cuda::matmul_tc_many({tc_w, n_tc}, tc_type == DType::F16, ws[0].n_in, {tc_n, n_tc}, xb,
-                           n_rows, {tc_y, n_tc}, stream_);
-      n_tc = 0;
-    };
-    // And Q4_K / Q6_K weights of one type, for one int8 launch.
-    const uint8_t* q8_w[tc::kMaxWeights];
-    size_t q8_n[tc::kMaxWeights];
-    float* q8_y[tc::kMaxWeights];
-    size_t n_q8 = 0;
-    DType q8_type = DType::Q4_K;
-    auto flush_q8 = [&] {
-      if (n_q8 == 0) return;
-      cuda::matmul_q8_many({q8_w, n_q8}, q8_type, ws[0].n_in, {q8_n, n_q8}, xq.codes, xq.d,
-                           xq.dsum, n_rows, {q8_y, n_q8}, stream_);
-      n_q8 = 0;
-    };
+    // Weights of one type wait here to share one launch: dense ones for
+    // the tensor-core kernel, Q4_K / Q6_K ones for int8 mode's.
+    auto tc_wait = pending<uint16_t>([&](const auto& p) {
+      cuda::matmul_tc_many(p.w(), p.type == DType::F16, ws[0].n_in, p.n_out(), xb, n_rows, p.y(),
+                           stream_);
+    });
+    auto q8_wait = pending<uint8_t>([&](const auto& p) {
+      cuda::matmul_q8_many(p.w(), p.type, ws[0].n_in, p.n_out(), xq.codes, xq.d, xq.dsum, n_rows,
+                           p.y(), stream_);
+    });
     for (size_t i = 0; i < ws.size(); ++i) {
       const kernels::WeightView& w = ws[i];
       const bool small = opts_.deterministic || n_rows <= kFastMatvecRows;
       if (int8_takes(w)) {
         if (!xq.codes) xq = quantize_rows(x, n_rows, w.n_in);
-        if (w.type != q8_type || n_q8 == tc::kMaxWeights) flush_q8();
-        q8_type = w.type;
-        q8_w[n_q8] = w.data;
-        q8_n[n_q8] = w.n_out;
-        q8_y[n_q8++] = ys[i];
+        q8_wait.add(w, w.data, ys[i]);
       } else if (!small) {
         matmul_cublas(w, x, n_rows, ys[i]);
       } else if (w.type == DType::BF16 || w.type == DType::F16) {
@@ -292,17 +309,13 @@ class CudaBackend final : public model::Backend {
           cuda::f32_to_bf16(x, n_rows * w.n_in, b, stream_);
           xb = b;
         }
-        if (w.type != tc_type || n_tc == tc::kMaxWeights) flush_tc();
-        tc_type = w.type;
-        tc_w[n_tc] = reinterpret_cast<const uint16_t*>(w.data);
-        tc_n[n_tc] = w.n_out;
-        tc_y[n_tc++] = ys[i];
+        tc_wait.add(w, reinterpret_cast<const uint16_t*>(w.data), ys[i]);
       } else {
         cuda::matmul_gguf(w.data, w.type, w.n_in, w.n_out, x, n_rows, ys[i], stream_);
       }
     }
-    flush_tc();
-    flush_q8();
+    tc_wait.flush();
+    q8_wait.flush();
   }
 
   // Int8 mode (--matmul int8, the CLI's default) takes Q4_K and Q6_K weights

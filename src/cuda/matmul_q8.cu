@@ -51,6 +51,7 @@
 // `stages` deep. Out-of-range rows and columns are zero-filled and never
 // stored.
 #include <algorithm>
+#include <cstdint>
 #include <atomic>
 #include <span>
 #include <tuple>
@@ -784,29 +785,13 @@ size_t choose_config(size_t n_out, size_t n_rows) {
     return n_out >= 32768 ? 3 + nr : nr;
   }
   if (n_rows <= 8 && n_out <= 4096) return n_out <= 2048 ? 2 : 5;
-  // Then per row-count range, the mma tiles from the coarsest to the
-  // finest; the first giving at least kMinCtas CTAs wins (K is never split,
-  // so the output tiles are all the parallelism there is).
+  // Then the mma tiles by pick_tile.
   constexpr size_t kMinCtas = 100;
   static constexpr size_t kRows8[] = {7, 6}, kRows16[] = {8, 7}, kRows32[] = {9, 8},
                           kRowsMore[] = {10, 9};
-  const size_t* cand;
-  size_t n;
-  if (n_rows <= 8) {
-    cand = kRows8, n = std::size(kRows8);
-  } else if (n_rows <= 16) {
-    cand = kRows16, n = std::size(kRows16);
-  } else if (n_rows <= 32) {
-    cand = kRows32, n = std::size(kRows32);
-  } else {
-    cand = kRowsMore, n = std::size(kRowsMore);
-  }
-  for (size_t i = 0; i < n; ++i) {
-    const tc::TileConfig& c = kTable.cfg[cand[i]];
-    const size_t ctas = ((n_out + c.bm - 1) / c.bm) * ((n_rows + c.bn - 1) / c.bn);
-    if (ctas >= kMinCtas) return cand[i];
-  }
-  return cand[n - 1];
+  static constexpr tc::RowRange kRanges[] = {
+      {8, kRows8}, {16, kRows16}, {32, kRows32}, {SIZE_MAX, kRowsMore}};
+  return tc::pick_tile(kRanges, config, n_out, n_rows, kMinCtas);
 }
 
 void matmul_q8_many_with(size_t cfg, std::span<const uint8_t* const> w, DType type, size_t n_in,

@@ -53,6 +53,7 @@
 // The grid is 1-D with row tiles fastest, so CTAs that run together share
 // weight tiles (read once from HBM) and the small x stays in L2.
 #include <algorithm>
+#include <cstdint>
 #include <atomic>
 #include <span>
 #include <tuple>
@@ -75,18 +76,7 @@ using detail::cp_async_commit;
 using detail::cp_async_wait;
 using detail::ldsm_x2;
 using detail::ldsm_x4;
-
-// d += A B for one m16n8k16 tile: a = A fragment (rows g / g+8, k pairs),
-// b = B fragment (k pairs, column g); d[0..1] = (g, 2c..2c+1),
-// d[2..3] = (g + 8, 2c..2c+1), g = lane / 4, c = lane % 4.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using detail::mma_bf16;
 
 // Two f16 -> their exact bf16 high parts (hi) and remainders (lo).
 __device__ __forceinline__ void split_f16x2(uint32_t h, uint32_t& hi, uint32_t& lo) {
@@ -447,46 +437,24 @@ const TileConfig& config(size_t i) {
   return kTable.cfg[i];
 }
 
-// Per row-count range, the candidates from the coarsest tile to the finest;
-// take the first that gives at least kMinCtas CTAs (about 3/4 of an H200's
-// 132 SMs: K is never split, so the output tiles are all the parallelism
-// there is), else the finest. Measured on the H200 (bench/gpu_matmul_bench
-// --sweep): each pick is within 5% of the best
-// variant for every shape and row count measured (rows 1..256, 8B shapes).
-// Any choice computes the same bits.
+// pick_tile with at least kMinCtas CTAs (about 3/4 of an H200's 132 SMs).
+// Measured on the H200 (bench/gpu_matmul_bench --sweep): each pick is
+// within 5% of the best variant for every shape and row count measured
+// (rows 1..256, 8B shapes). Any choice computes the same bits.
 size_t choose_config(size_t n_in, size_t n_out, size_t n_rows) {
   (void)n_in;
   constexpr size_t kMinCtas = 100;
-  // Indices into Variants (names in kNames).
-  // The last (finest) entries only matter for n_out below the measured
-  // shapes (e.g. separate k / v projections with n_out 1024).
+  // Indices into Variants (names in kNames). The last (finest) entries only
+  // matter for n_out below the measured shapes.
   static constexpr size_t kRows8[] = {2, 0},  // S64x8, S16x8
       kRows16[] = {16, 4, 3},                 // S64x16, S32x16, S16x16
       kRows32[] = {17, 4, 3},                 // S64x32, S32x16 (two row tiles), S16x16
       kRows64[] = {9, 17, 4},                 // L128x64, S64x32, S32x16
       kRows128[] = {13, 9, 8, 7},             // L256x128, L128x64, M64x64, M32x64
       kRowsMore[] = {13, 9};                  // L256x128, L128x64
-  const size_t* cand;
-  size_t n;
-  if (n_rows <= 8) {
-    cand = kRows8, n = std::size(kRows8);
-  } else if (n_rows <= 16) {
-    cand = kRows16, n = std::size(kRows16);
-  } else if (n_rows <= 32) {
-    cand = kRows32, n = std::size(kRows32);
-  } else if (n_rows <= 64) {
-    cand = kRows64, n = std::size(kRows64);
-  } else if (n_rows <= 128) {
-    cand = kRows128, n = std::size(kRows128);
-  } else {
-    cand = kRowsMore, n = std::size(kRowsMore);
-  }
-  for (size_t i = 0; i < n; ++i) {
-    const TileConfig& c = kTable.cfg[cand[i]];
-    const size_t ctas = ((n_out + c.bm - 1) / c.bm) * ((n_rows + c.bn - 1) / c.bn);
-    if (ctas >= kMinCtas) return cand[i];
-  }
-  return cand[n - 1];
+  static constexpr RowRange kRanges[] = {{8, kRows8},     {16, kRows16},   {32, kRows32},
+                                         {64, kRows64},   {128, kRows128}, {SIZE_MAX, kRowsMore}};
+  return pick_tile(kRanges, config, n_out, n_rows, kMinCtas);
 }
 
 namespace {

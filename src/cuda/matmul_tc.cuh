@@ -30,6 +30,32 @@ struct TileConfig {
 size_t n_configs();
 const TileConfig& config(size_t i);
 
+// How the products pick a variant: per range of row counts (the first
+// range with n_rows <= max_rows), candidates from the coarsest tile to the
+// finest; the first whose tiles give at least min_ctas CTAs wins (K is
+// never split, so the output tiles are all the parallelism there is), else
+// the finest. `config(i)` gives candidate i's tile.
+struct RowRange {
+  size_t max_rows;
+  std::span<const size_t> candidates;
+};
+template <class Config>
+size_t pick_tile(std::span<const RowRange> ranges, Config&& config, size_t n_out, size_t n_rows,
+                 size_t min_ctas) {
+  const RowRange* r = &ranges.back();
+  for (const RowRange& rr : ranges)
+    if (n_rows <= rr.max_rows) {
+      r = &rr;
+      break;
+    }
+  for (size_t i : r->candidates) {
+    const TileConfig& c = config(i);
+    const size_t ctas = ((n_out + c.bm - 1) / c.bm) * ((n_rows + c.bn - 1) / c.bn);
+    if (ctas >= min_ctas) return i;
+  }
+  return r->candidates.back();
+}
+
 // The variant matmul_tc uses for this shape (an index into config()).
 size_t choose_config(size_t n_in, size_t n_out, size_t n_rows);
 

@@ -32,6 +32,18 @@ __device__ __forceinline__ void ldsm_x2(uint32_t addr, uint32_t& r0, uint32_t& r
                : "r"(addr));
 }
 
+// d += A B for one m16n8k16 tile: a = A fragment (rows g / g+8, k pairs),
+// b = B fragment (k pairs, column g); d[0..1] = (g, 2c..2c+1),
+// d[2..3] = (g + 8, 2c..2c+1), g = lane / 4, c = lane % 4.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // d += A B for int8 codes (exact int32 sums), d's layout as for bf16:
 // d[0..1] = (row g, columns 2c, 2c+1), d[2..3] = (g + 8, ...), g = lane / 4,
 // c = lane % 4. m16n8k32: a[0] = A[g][4c..4c+3], a[1] = A[g+8][4c..],
