@@ -29,7 +29,8 @@
 // 32 * 15 * 127 (Q4_K), 16 * 32 * 127 (Q6_K), far below 2^24, so
 // float(isum) is exact too.
 //
-// Kernels. Up to 4 rows: matvec_q8_kernel (dp4a, described there). More:
+// Kernels. Few rows (up to 4; up to 8 on products of at most 4096
+// columns): matvec_q8_kernel (dp4a, described there). More:
 // matmul_q8_kernel on the tensor cores, in the orientation of matmul_tc
 // ("swap-AB"): the mma computes
 // D[m, n] = A[m, k] B[k, n] with A = the weight's codes (m = output column)
