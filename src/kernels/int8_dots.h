@@ -775,15 +775,20 @@ inline void unpack_q6k(const uint8_t* sb, uint8_t* dst) {
 
 inline void q6k_dots_direct(const uint8_t* first, size_t n, const int8_t* x, I32x16& lo,
                             I32x16& hi) {
+  // Super-block s (blocks 8s .. 8s + 7); the second only if n > 8, tested
+  // the same way for both uses so the compiler sees v[8..15] written.
   __m256i v[16];
-  for (size_t p = 0; p < n / 4; ++p) {  // blocks 4p .. 4p + 3
-    q6k_half(first + 210 * (p / 2), static_cast<int>(p % 2), v + 4 * p);
-    for (size_t i = 4 * p; i < 4 * p + 4; ++i)
-      v[i] = dot4<false>(v[i], _mm256_loadu_si256((const __m256i*)(x + 32 * i)));
-  }
-  sum_halves8(v, lo.lo, hi.lo);
+  auto half_sums = [&](size_t s, __m256i& l, __m256i& h) {
+    for (size_t p = 2 * s; p < 2 * s + 2; ++p) {  // blocks 4p .. 4p + 3
+      q6k_half(first + 210 * s, static_cast<int>(p % 2), v + 4 * p);
+      for (size_t i = 4 * p; i < 4 * p + 4; ++i)
+        v[i] = dot4<false>(v[i], _mm256_loadu_si256((const __m256i*)(x + 32 * i)));
+    }
+    sum_halves8(v + 8 * s, l, h);
+  };
+  half_sums(0, lo.lo, hi.lo);
   if (n > 8) {
-    sum_halves8(v + 8, lo.hi, hi.hi);
+    half_sums(1, lo.hi, hi.hi);
   } else {
     lo.hi = hi.hi = _mm256_setzero_si256();
   }

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "kernels/int8_dots.h"
+#include "kernels/int8_qk.h"
 #include "kernels/path_kernels.h"
 #include "kernels/quant_blocks.h"
 #include "kernels/vec16.h"
@@ -71,7 +72,7 @@ struct SimpleBlocks {
     scales_f16<Bytes, 0>(first, n).store(c.dw);
     if constexpr (Min) scales_f16<Bytes, 2>(first, n).store(c.m);
   }
-  // For one_row: the values unpack would put in c.dw and c.m (m only with
+  // For few_rows: the values unpack would put in c.dw and c.m (m only with
   // Min), and block_dots_natural of the codes it would unpack.
   static void scales(const uint8_t* row, size_t b, size_t n, Vec16& dw, Vec16& m) {
     const uint8_t* first = row + Bytes * b;
@@ -103,35 +104,32 @@ struct UnpackQ4_1 : SimpleBlocks<20, 4, true, true> {
 };
 // Q4_K / Q5_K: sub-block s of a super-block has scale d * sc_s and min
 // -(dmin * mn_s), the same products decode_q4_k forms. A chunk holds one or
-// two super-blocks (n is a multiple of 8).
+// two super-blocks (n is a multiple of 8). The codes are built in
+// registers (int8_qk.h); few_rows never stores them.
 template <bool Five>
 struct UnpackQK {
-  static constexpr size_t kBytes = Five ? 176 : 144;
+  static constexpr size_t kBytes = kQKBytes<Five>;
   static constexpr bool kSigned = false, kMin = true, kHalves = false;
   static constexpr int kBiasShift = -1;
   static void unpack(const uint8_t* row, size_t b, size_t n, bool chunked, Chunk& c) {
-    std::fill(c.dw + n, c.dw + 16, 0.0f);
-    std::fill(c.m + n, c.m + 16, 0.0f);
-    for (size_t k0 = 0; k0 < n; k0 += 8) {
-      const uint8_t* blk = row + kBytes * ((b + k0) / 8);
-      const float d = Vec16::h2f(load_u16(blk)), dmin = Vec16::h2f(load_u16(blk + 2));
-      const uint8_t* qh = blk + 16;
-      const uint8_t* q = blk + (Five ? 48 : 16);
-      for (int s = 0; s < 8; ++s) {
-        uint8_t sc, mn;
-        k_scale_min(s, blk + 4, &sc, &mn);
-        c.dw[k0 + s] = d * sc;
-        c.m[k0 + s] = -(dmin * mn);
-        uint8_t* __restrict__ o = c.natural + 32 * (k0 + s);
-        const uint8_t* __restrict__ qs = q + 32 * (s / 2);
-        for (int i = 0; i < 32; ++i) {
-          uint8_t v = (s % 2) ? qs[i] >> 4 : qs[i] & 0xf;
-          if constexpr (Five) v |= ((qh[i] >> s) & 1) << 4;
-          o[i] = v;
-        }
-      }
-    }
+    const uint8_t* first = row + kBytes * (b / 8);
+    for (size_t k0 = 0; k0 < n; k0 += 8)
+      unpack_qk<Five>(first + kBytes * (k0 / 8), c.natural + 32 * k0);
     if (chunked) transpose(n, c);
+    Vec16 dw, m;
+    qk_scales<Five>(first, n, dw, m);
+    dw.store(c.dw);
+    m.store(c.m);
+  }
+  // For few_rows, as SimpleBlocks: unpack's c.dw and c.m, and
+  // block_dots_natural of the codes it would unpack.
+  static void scales(const uint8_t* row, size_t b, size_t n, Vec16& dw, Vec16& m) {
+    qk_scales<Five>(row + kBytes * (b / 8), n, dw, m);
+  }
+  template <bool Signed>
+  static I32x16 dots(const uint8_t* row, size_t b, size_t n, const int8_t* x) {
+    static_assert(!Signed);
+    return qk_dots_direct<Five>(row + kBytes * (b / 8), n, x);
   }
 };
 
@@ -161,17 +159,18 @@ struct UnpackQ6_K {
     lo.store(c.sc[0]);
     hi.store(c.sc[1]);
   }
-  // For one_row: the dw unpack would store, and the block's isum (row 0 of
-  // a natural-layout x) from the weight row in registers.
+  // For few_rows: the dw unpack would store, and the isum of blocks
+  // [b, b + n) against the natural-layout x at block offset o (row r:
+  // r * nb16 + b) from the weight row in registers.
   static void scales(const uint8_t* row, size_t b, size_t n, Vec16& dw, Vec16&) {
     dw = q6k_d(row + kBytes * (b / 8), n);
   }
-  static I32x16 isum_direct(const uint8_t* row, size_t b, size_t n, const QuantRows& x) {
+  static I32x16 isum_direct(const uint8_t* row, size_t b, size_t n, const QuantRows& x, size_t o) {
     const uint8_t* first = row + kBytes * (b / 8);
     I32x16 lo, hi, sc_lo, sc_hi;
-    q6k_dots_direct(first, n, x.codes + 32 * b, lo, hi);
+    q6k_dots_direct(first, n, x.codes + 32 * o, lo, hi);
     q6k_scales(first, n, sc_lo, sc_hi);
-    return q6k_isum(lo, hi, sc_lo, sc_hi, x, b);
+    return q6k_isum(lo, hi, sc_lo, sc_hi, x, o);
   }
 };
 
@@ -179,43 +178,43 @@ struct UnpackQ6_K {
 // row's chunks stream past them; each pass unpacks the weights again.
 constexpr size_t kPassRows = 64;
 
-// Columns [j0, j1): each weight row is read once per pass, one 16-block
-// chunk at a time, and each chunk is unpacked once and used by every row of
-// the pass. Row r's lanes see the chunks in block order, as the formula
-// says, whatever the pass, the row count or the column range. The next
-// chunk is unpacked before the current one is used, so its stores (some
-// narrower than the vector loads that read them back, which would defeat
-// store-to-load forwarding) have retired by the time the kernel loads them.
-// cols for one activation row in the natural layout (decode), for the
-// types whose codes block_dots_direct reads in place (SimpleBlocks): the
-// same operations on the same values in the same order as cols, minus the
-// unpacked copy of each chunk, which only pays off when rows share it.
-template <class U>
-void one_row(const WeightView& w, const QuantRows& x, float* y, size_t j0, size_t j1) {
-  const size_t nb = x.nb, rb = w.row_bytes();
+// cols for NR <= kNaturalLayoutMaxRows activation rows in the natural
+// layout (decode), for the types that build their codes in registers
+// (U::dots: SimpleBlocks, Q4_K, Q5_K; U::isum_direct: Q6_K): the same
+// operations on the same values in the same order as cols, minus the
+// unpacked copy of each chunk. With 2 or 3 rows each row builds the codes
+// again, from the weight bytes the first row brought into L1: cheaper than
+// storing them and loading them back.
+template <class U, size_t NR>
+void few_rows(const WeightView& w, const QuantRows& x, float* y, size_t j0, size_t j1) {
+  const size_t nb = x.nb, nb16 = x.nb16, N = w.n_out, rb = w.row_bytes();
   // One column at a time, so the weights are read in address order (the
   // hardware prefetchers keep up: interleaving two columns, or software
   // prefetches as in path_impl.h, measured slower from DRAM).
   for (size_t j = j0; j < j1; ++j) {
     const uint8_t* row = w.data + j * rb;
-    Vec16 a = Vec16::zero();
+    Vec16 a[NR];
+    for (size_t r = 0; r < NR; ++r) a[r] = Vec16::zero();
     for (size_t b = 0; b < nb; b += 16) {
       const size_t n = std::min<size_t>(16, nb - b);
       Vec16 dw, m;
       U::scales(row, b, n, dw, m);
-      I32x16 is;
-      if constexpr (U::kHalves) {
-        is = U::isum_direct(row, b, n, x);
-      } else {
-        is = U::template dots<U::kSigned>(row, b, n, x.codes + 32 * b);
-        if constexpr (U::kBiasShift >= 0)
-          is = is.template minus_shifted<(U::kBiasShift >= 0 ? U::kBiasShift : 0)>(
-              I32x16::load(x.sum + b));
+      for (size_t r = 0; r < NR; ++r) {
+        const size_t o = r * nb16 + b;  // this chunk of row r
+        I32x16 is;
+        if constexpr (U::kHalves) {
+          is = U::isum_direct(row, b, n, x, o);
+        } else {
+          is = U::template dots<U::kSigned>(row, b, n, x.codes + 32 * o);
+          if constexpr (U::kBiasShift >= 0)
+            is = is.template minus_shifted<(U::kBiasShift >= 0 ? U::kBiasShift : 0)>(
+                I32x16::load(x.sum + o));
+        }
+        a[r].fma(dw * Vec16::load(x.d + o), is.to_float());
+        if constexpr (U::kMin) a[r].fma(m, Vec16::load(x.dsum + o));
       }
-      a.fma(dw * Vec16::load(x.d + b), is.to_float());
-      if constexpr (U::kMin) a.fma(m, Vec16::load(x.dsum + b));
     }
-    y[j] = a.reduce();
+    for (size_t r = 0; r < NR; ++r) y[r * N + j] = a[r].reduce();
   }
 }
 
@@ -376,10 +375,27 @@ void cols_tiled(const WeightView& w, const QuantRows& x, size_t n_rows, float* y
 }
 #endif
 
+// Columns [j0, j1): each weight row is read once per pass, one 16-block
+// chunk at a time, and each chunk is unpacked once and used by every row of
+// the pass. Row r's lanes see the chunks in block order, as the formula
+// says, whatever the pass, the row count or the column range. The next
+// chunk is unpacked before the current one is used, so its stores (some
+// narrower than the vector loads that read them back, which would defeat
+// store-to-load forwarding) have retired by the time the kernel loads them.
 template <class U>
 void cols(const WeightView& w, const QuantRows& x, size_t n_rows, float* y, size_t j0, size_t j1) {
+  static_assert(kNaturalLayoutMaxRows == 3);
   if constexpr (U::kHalves || requires { &U::template dots<U::kSigned>; }) {
-    if (n_rows == 1 && !x.chunked) return one_row<U>(w, x, y, j0, j1);
+    if (!x.chunked) switch (n_rows) {
+        case 1:
+          return few_rows<U, 1>(w, x, y, j0, j1);
+        case 2:
+          return few_rows<U, 2>(w, x, y, j0, j1);
+        case 3:
+          return few_rows<U, 3>(w, x, y, j0, j1);
+        default:
+          break;
+      }
   }
 #if defined(FERRY_VEC_AVX512)
   static_assert(kTileCols == 4);

@@ -60,8 +60,9 @@ TEST_P(Int8MatmulTest, KernelsRowsOffsetsAndThreadsGiveIdenticalBits) {
   // Block counts cover every chunk width (docs/KERNELS.md): a short chunk
   // alone (3 and 7 blocks: widths 4, 8; 8 for K-quants), whole chunks (16,
   // 32), chunks plus a tail of width 4 (18 = SmolLM2's 576, 33), 8 (24, 40)
-  // and 16 (25).
-  const std::vector<size_t> widths = k_quant ? std::vector<size_t>{256, 512, 768, 1280}
+  // and 16 (25). K-quants: one super-block (a chunk of 8), whole chunks
+  // (512, 2048 = a 1B model's n_in) and chunks plus a tail of 8 (768, 1280).
+  const std::vector<size_t> widths = k_quant ? std::vector<size_t>{256, 512, 768, 1280, 2048}
                                              : std::vector<size_t>{96, 224, 512, 576, 800, 1056};
   const size_t R = 33, N = 37;
   for (size_t K : widths) {
