@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <map>
 #include <new>
@@ -325,8 +326,8 @@ class CudaBackend final : public model::Backend {
            w.n_in % 256 == 0;
   }
   struct Int8Rows {
-    const int8_t* codes = nullptr;
-    const float *d = nullptr, *dsum = nullptr;
+    int8_t* codes = nullptr;
+    float *d = nullptr, *dsum = nullptr;
   };
   // x quantized once per product call (shared by the weights of a call).
   Int8Rows quantize_rows(const float* x, size_t n_rows, size_t n_in) {
@@ -335,8 +336,7 @@ class CudaBackend final : public model::Backend {
     uint8_t* p = static_cast<uint8_t*>(xq_.get(codes + 2 * block_bytes, stream_));
     Int8Rows r{reinterpret_cast<int8_t*>(p), reinterpret_cast<float*>(p + codes),
                reinterpret_cast<float*>(p + codes + block_bytes)};
-    cuda::quantize_q8(x, n_rows, n_in, const_cast<int8_t*>(r.codes), const_cast<float*>(r.d),
-                      const_cast<float*>(r.dsum), stream_);
+    cuda::quantize_q8(x, n_rows, n_in, r.codes, r.d, r.dsum, stream_);
     return r;
   }
 
@@ -665,12 +665,18 @@ class CudaBackend final : public model::Backend {
 
   // --- CUDA graphs (one per step shape) ---
   enum class Mode { Direct, Capture, Replay };
+  // Where the buffers a captured graph's nodes point into are now: a graph
+  // replays only while they have not moved.
+  using Buffers = std::array<const void*, 8>;
+  Buffers buffers() const {
+    return {arena_.ptr,         staging_dev_, pinned_, xtc_.ptr, xq_.ptr, attn_ws_.ptr,
+            step_writes_buf_.ptr, step_jobs_buf_.ptr};
+  }
   struct Graph {
     int direct_runs = 0;
     cudaGraphExec_t exec = nullptr;
     // The buffers the graph's nodes point into, as when it was captured.
-    const void *arena = nullptr, *staging = nullptr, *pinned = nullptr, *xtc = nullptr,
-               *xq = nullptr, *attn_ws = nullptr, *writes = nullptr, *jobs = nullptr;
+    Buffers buffers{};
   };
   static constexpr size_t kMaxGraphs = 300, kMaxShapesSeen = 4096;
 
@@ -696,10 +702,7 @@ class CudaBackend final : public model::Backend {
       it = graphs_.emplace(key_, Graph{}).first;
     }
     Graph& g = it->second;
-    const bool same_buffers = g.arena == arena_.ptr && g.staging == staging_dev_ &&
-                              g.pinned == pinned_ && g.xtc == xtc_.ptr && g.xq == xq_.ptr &&
-                              g.attn_ws == attn_ws_.ptr && g.writes == step_writes_buf_.ptr &&
-                              g.jobs == step_jobs_buf_.ptr;
+    const bool same_buffers = g.buffers == buffers();
     if (g.exec && same_buffers) {
       mode_ = Mode::Replay;
       graph_ = &g;
@@ -736,14 +739,7 @@ class CudaBackend final : public model::Backend {
       const cudaError_t e = cudaGraphInstantiate(&graph_->exec, graph, 0);
       cudaGraphDestroy(graph);
       FERRY_CUDA_CHECK(e);
-      graph_->arena = arena_.ptr;
-      graph_->staging = staging_dev_;
-      graph_->pinned = pinned_;
-      graph_->xtc = xtc_.ptr;
-      graph_->xq = xq_.ptr;
-      graph_->attn_ws = attn_ws_.ptr;
-      graph_->writes = step_writes_buf_.ptr;
-      graph_->jobs = step_jobs_buf_.ptr;
+      graph_->buffers = buffers();
       ++n_graphs_;
     }
     if (mode_ != Mode::Direct) FERRY_CUDA_CHECK(cudaGraphLaunch(graph_->exec, stream_));
