@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "cuda/cuda_internal.h"
 #include "cuda_test_util.h"
 #include "kernels/kernel_test_util.h"
@@ -550,6 +551,17 @@ TEST(CudaOps, AttentionVariantsAreBitIdentical) {
       ASSERT_EQ(first_bit_diff(a, d.data(), a.size()), -1) << "split, batch=" << batch;
     }
   }
+}
+
+// The split variant needs its workspace; asking for it without one is
+// refused by name, and Auto without one falls back to the per-block kernel.
+TEST(CudaOps, AttentionSplitWithoutWorkspaceIsRefused) {
+  REQUIRE_GPU();
+  AttnFixture f(AttnCase{64, 8, 2, KvFormat::f16(), KvFormat::f16()}, 64, 5);
+  DeviceBuffer<cuda::AttentionJob> jobs(1);
+  EXPECT_THROW(cuda::attention_variant(jobs.get(), 1, f.shape(), cuda::AttentionVariant::Split,
+                                       nullptr, nullptr),
+               ferry::Error);
 }
 
 }  // namespace

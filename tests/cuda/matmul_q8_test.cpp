@@ -308,6 +308,16 @@ TEST(CudaQ8, RefusesWhatItCannotTake) {
                                nullptr),
                ferry::Error);
   EXPECT_THROW(cuda::quantize_q8(d.get(), 1, 40, c.get(), d.get(), d.get(), nullptr), ferry::Error);
+  // Launches of several weights: at most 4, and one output per weight.
+  const uint8_t* five[5] = {w.get(), w.get(), w.get(), w.get(), w.get()};
+  const size_t n_outs[5] = {1, 1, 1, 1, 1};
+  float* ys[5] = {y.get(), y.get(), y.get(), y.get(), y.get()};
+  EXPECT_THROW(cuda::matmul_q8_many(five, DType::Q4_K, 256, n_outs, c.get(), d.get(), d.get(), 1,
+                                    ys, nullptr),
+               ferry::Error);
+  EXPECT_THROW(cuda::matmul_q8_many(std::span(five, 2), DType::Q4_K, 256, std::span(n_outs, 2),
+                                    c.get(), d.get(), d.get(), 1, std::span(ys, 1), nullptr),
+               ferry::Error);
   EXPECT_FALSE(cuda::q8_supported(DType::Q8_0));
   EXPECT_TRUE(cuda::q8_supported(DType::Q4_K) && cuda::q8_supported(DType::Q6_K));
 }

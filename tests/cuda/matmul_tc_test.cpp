@@ -281,5 +281,22 @@ TEST(CudaTc, ManyWeightsInOneLaunchEqualSeparateCalls) {
   }
 }
 
+TEST(CudaTc, ManyWeightsRefusesBadLists) {
+  REQUIRE_GPU();
+  const DeviceBuffer<uint16_t> w(64), x(64);
+  DeviceBuffer<float> y(64);
+  const uint16_t* five[5] = {w.get(), w.get(), w.get(), w.get(), w.get()};
+  const size_t n_outs[5] = {1, 1, 1, 1, 1};
+  float* ys[5] = {y.get(), y.get(), y.get(), y.get(), y.get()};
+  EXPECT_THROW(cuda::matmul_tc_many(five, false, 16, n_outs, x.get(), 1, ys, nullptr),
+               ferry::Error);  // more than kMaxWeights
+  EXPECT_THROW(cuda::matmul_tc_many(std::span(five, 2), false, 16, std::span(n_outs, 2), x.get(),
+                                    1, std::span(ys, 1), nullptr),
+               ferry::Error);  // one output for two weights
+  EXPECT_THROW(cuda::matmul_tc_many(std::span(five, 1), false, 24, std::span(n_outs, 1), x.get(),
+                                    1, std::span(ys, 1), nullptr),
+               ferry::Error);  // n_in not a multiple of 16
+}
+
 }  // namespace
 }  // namespace ferry::test
