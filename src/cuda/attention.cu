@@ -23,7 +23,8 @@
 //   queries share K/V through L1). Steps of many jobs (prefill).
 // - attention_split_kernel + attention_merge_kernel: one single-warp block
 //   per (job, query head, virtual warp) writing its state to a workspace,
-//   then one warp per (job, query head) folding them. Steps of few jobs
+//   then one block per (job, query head) folding them (a thread per output
+//   dimension, loads issued ahead of the fold chain). Steps of few jobs
 //   (single-stream decode), where the others leave most SMs idle and long
 //   contexts latency-bound: one warp per tile up to 4k keys.
 //
@@ -34,6 +35,7 @@
 
 #include "cuda/common_impl.cuh"
 #include "cuda/cuda_internal.h"
+#include "cuda/ptx_impl.cuh"
 
 namespace ferry::cuda {
 namespace {
@@ -41,7 +43,8 @@ namespace {
 using namespace detail;
 using Kind = kernels::KvFormat::Kind;
 
-constexpr int kWarps = 8;     // warps of attention_kernel's and attention_warp_kernel's blocks
+constexpr int kWarps = 8;       // warps of attention_warp_kernel's blocks
+constexpr int kBlockWarps = 4;  // warps of attention_kernel's blocks
 constexpr int kVirtual = 128;  // virtual warps of the contract
 
 // One side (K or V) of one kv head, with the plane pointers advanced to the head.
@@ -49,7 +52,7 @@ struct SideView {
   const uint8_t* p[3];
   size_t unit[3];
   Kind kind;
-  int bits, group;
+  int bits, group_shift;  // affine: log2 of the group
   __device__ void init(const kernels::KvSide& s, uint32_t h) {
     for (int i = 0; i < 3; ++i) {
       p[i] = s.plane[i] + h * s.head_stride[i];
@@ -57,9 +60,16 @@ struct SideView {
     }
     kind = s.format.kind;
     bits = s.format.bits;
-    group = s.format.group;
+    group_shift = s.format.group ? __ffs(s.format.group) - 1 : 0;
   }
 };
+
+// float(c) for a code c < 2^23, exactly, without the integer-to-float
+// conversion (a quarter- or sixteenth-rate instruction that bound the
+// affine decode): c in the low mantissa bits of 2^23, then 2^23 subtracted.
+__device__ __forceinline__ float code_to_float(uint32_t c) {
+  return __fsub_rn(__uint_as_float(0x4b000000u | c), 8388608.0f);
+}
 
 // Elements [i0, i0 + N) of token slot j, decoded exactly as
 // kernels/kv_decode.h (affine: scale * code, then + bias, each rounded).
@@ -77,28 +87,29 @@ __device__ __forceinline__ void decode_run(const SideView& s, size_t j, uint32_t
     case Kind::F16:
     case Kind::BF16: {
       const auto b = load_bytes<2 * N>(row + 2 * i0);
-      const bool f16 = s.kind == Kind::F16;
+      if (s.kind == Kind::F16) {
 #pragma unroll
-      for (int i = 0; i < N; ++i) {
-        const uint16_t h = static_cast<uint16_t>(b.field(i, 16));
-        out[i] = f16 ? h2f(h) : bf2f(h);
+        for (int i = 0; i < N; ++i) out[i] = h2f(static_cast<uint16_t>(b.field(i, 16)));
+      } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) out[i] = bf2f(static_cast<uint16_t>(b.field(i, 16)));
       }
       return;
     }
     case Kind::Affine: {
-      const uint32_t g = i0 / s.group;
+      const uint32_t g = i0 >> s.group_shift;
       const float sc = h2f(static_cast<uint16_t>(ld_u16(s.p[1] + j * s.unit[1] + 2 * g)));
       const float bi = h2f(static_cast<uint16_t>(ld_u16(s.p[2] + j * s.unit[2] + 2 * g)));
       if (s.bits == 4) {
         const auto b = load_bytes<N / 2>(row + i0 / 2);
 #pragma unroll
         for (int i = 0; i < N; ++i)
-          out[i] = __fadd_rn(__fmul_rn(sc, static_cast<float>(b.field(i, 4))), bi);
+          out[i] = __fadd_rn(__fmul_rn(sc, code_to_float(b.field(i, 4))), bi);
       } else {
         const auto b = load_bytes<N>(row + i0);
 #pragma unroll
         for (int i = 0; i < N; ++i)
-          out[i] = __fadd_rn(__fmul_rn(sc, static_cast<float>(b.field(i, 8))), bi);
+          out[i] = __fadd_rn(__fmul_rn(sc, code_to_float(b.field(i, 8))), bi);
       }
       return;
     }
@@ -148,24 +159,25 @@ struct JobView {
   }
 };
 
-// One tile of 32 keys from t0 into a warp's state: lane l scores key
-// t0 + l for every head (canonical chunks of 16, FMA in element order, q
-// from shared memory q_s[kG][D]), the warp updates the online softmax (max
-// and sum by fixed butterflies), then walks the tile's keys in order with
-// each lane accumulating p * V for its kE dimensions.
-template <int kG, int kE>
-__device__ __forceinline__ void tile(const float* q_s, const SideView& K, const SideView& V,
-                                     const Keys& keys, size_t t0, uint32_t D, float scale,
-                                     int lane, State<kG, kE>& st) {
+// One tile of nt <= 32 keys into a warp's state: lane l scores the tile's
+// key l (its K row row(l), canonical chunks of 16, FMA in element order, q
+// from shared memory q_s[kG][D]) for every head, the warp updates the online
+// softmax (max and sum by fixed butterflies), then walks the tile's keys in
+// order with each lane accumulating p * V for its kE dimensions. K and V
+// are global planes (row = the key's slot) or a staged copy of the tile
+// (row = its index in the tile): the same bytes, the same arithmetic.
+template <int kG, int kE, class Row>
+__device__ __forceinline__ void tile_core(const float* q_s, const SideView& K, const SideView& V,
+                                          Row row, int nt, uint32_t D, float scale, int lane,
+                                          State<kG, kE>& st) {
   const uint32_t d0 = lane * kE;
   const bool v_lane = d0 < D;
-  const size_t n = t0 + lane;
-  const bool valid = n < keys.n;
+  const bool valid = lane < nt;
   float s[kG];
 #pragma unroll
   for (int h = 0; h < kG; ++h) s[h] = 0.0f;
   if (valid) {
-    const size_t j = keys.slot(n);
+    const size_t j = row(lane);
 #pragma unroll 2
     for (uint32_t c = 0; c < D; c += 16) {
       float kv[16];
@@ -198,11 +210,10 @@ __device__ __forceinline__ void tile(const float* q_s, const SideView& K, const 
     for (int e = 0; e < kE; ++e) st.acc[h][e] = __fmul_rn(st.acc[h][e], corr);
   }
   // p * V over the tile's keys in order; lanes split the dimensions.
-  const int nt = static_cast<int>(min(size_t{32}, keys.n - t0));
 #pragma unroll 4
   for (int t = 0; t < nt; ++t) {
     float vv[kE];
-    if (v_lane) decode_run<kE>(V, keys.slot(t0 + t), d0, vv);
+    if (v_lane) decode_run<kE>(V, row(t), d0, vv);
 #pragma unroll
     for (int h = 0; h < kG; ++h) {
       const float pt = __shfl_sync(0xffffffffu, p[h], t);
@@ -214,15 +225,128 @@ __device__ __forceinline__ void tile(const float* q_s, const SideView& K, const 
   }
 }
 
+// The tile of keys from t0, read from the global planes.
+template <int kG, int kE>
+__device__ __forceinline__ void tile(const float* q_s, const SideView& K, const SideView& V,
+                                     const Keys& keys, size_t t0, uint32_t D, float scale,
+                                     int lane, State<kG, kE>& st) {
+  const int nt = static_cast<int>(min(size_t{32}, keys.n - t0));
+  tile_core<kG, kE>(q_s, K, V, [&](int i) { return keys.slot(t0 + i); }, nt, D, scale, lane, st);
+}
+
+// ---- staged tiles -------------------------------------------------------------
+//
+// The per-block and split kernels first copy a tile's K and V rows (every
+// plane) into shared memory with cp.async, all at once, then compute from
+// there: one memory round trip per tile instead of one per few keys. The
+// image holds each plane's 32 rows at a 16-byte-multiple pitch (K's code
+// plane 16 bytes wider, so the lanes of a QK chunk hit different banks).
+// Formats whose image does not fit the buffer (f32 K/V) read the planes
+// directly.
+
+// Buffer bytes per staged tile for head_dim D: room for 2-byte dense K and V.
+__host__ __device__ constexpr uint32_t stage_bytes(uint32_t D) {
+  return 32 * (2 * D + 16) + 32 * (2 * D);
+}
+__device__ __forceinline__ uint32_t round16(size_t b) {
+  return static_cast<uint32_t>((b + 15) / 16 * 16);
+}
+
+// Where each plane of K and V sits in the image, and its pitch.
+struct Stage {
+  uint32_t off[2][3], pitch[2][3];
+  bool fits;
+  __device__ void init(const SideView& K, const SideView& V, uint32_t cap) {
+    uint32_t at = 0;
+    const SideView* sides[2] = {&K, &V};
+    for (int s = 0; s < 2; ++s)
+      for (int i = 0; i < 3; ++i) {
+        const size_t u = sides[s]->unit[i];
+        pitch[s][i] = u == 0 ? 0 : round16(u) + (s == 0 && i == 0 ? 16 : 0);
+        off[s][i] = at;
+        at += 32 * pitch[s][i];
+      }
+    fits = at <= cap;
+  }
+  // The staged side, as a SideView whose rows are the tile's keys.
+  __device__ SideView view(const SideView& g, int s, uint8_t* buf) const {
+    SideView v = g;
+    for (int i = 0; i < 3; ++i) {
+      v.p[i] = buf + off[s][i];
+      v.unit[i] = pitch[s][i];
+    }
+    return v;
+  }
+};
+
+// Copies rows [0, nt) of one plane (row i at slot row(i)) into the image at
+// dst, threads tid, tid + n_threads, ... each taking whole chunks of the
+// widest size (16, 8, 4 or 2 bytes) that the plane's alignment allows.
+template <class Row>
+__device__ __forceinline__ void stage_plane(uint8_t* dst, uint32_t pitch, const uint8_t* p,
+                                            size_t unit, int nt, Row row, int tid, int n_threads) {
+  if (unit == 0) return;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p) | unit;
+  const uint32_t c = (a & 15) == 0 ? 16 : (a & 7) == 0 ? 8 : (a & 3) == 0 ? 4 : 2;
+  const uint32_t per_row = static_cast<uint32_t>(unit / c);
+  // Chunk i = r * per_row + k, walked without a division per chunk.
+  const uint32_t step_r = n_threads / per_row, step_k = n_threads - step_r * per_row;
+  uint32_t r = tid / per_row, k = tid - r * per_row;
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  for (; r < static_cast<uint32_t>(nt);) {
+    const uint8_t* src = p + row(static_cast<int>(r)) * unit + k * c;
+    const uint32_t d = base + r * pitch + k * c;
+    if (c == 16) cp_async_ca<16>(d, src);
+    else if (c == 8) cp_async_ca<8>(d, src);
+    else if (c == 4) cp_async_ca<4>(d, src);
+    else *reinterpret_cast<uint16_t*>(dst + r * pitch + k * c) = static_cast<uint16_t>(ld_u16(src));
+    r += step_r;
+    k += step_k;
+    if (k >= per_row) {
+      k -= per_row;
+      ++r;
+    }
+  }
+}
+
+// Issues the copies of the tile of keys from t0 (K and V, every plane).
+__device__ __forceinline__ void stage_tile(const Stage& sg, uint8_t* buf, const SideView& K,
+                                           const SideView& V, const Keys& keys, size_t t0,
+                                           int tid, int n_threads) {
+  const int nt = static_cast<int>(min(size_t{32}, keys.n - t0));
+  auto row = [&](int i) { return keys.slot(t0 + i); };
+  for (int i = 0; i < 3; ++i) {
+    stage_plane(buf + sg.off[0][i], sg.pitch[0][i], K.p[i], K.unit[i], nt, row, tid, n_threads);
+    stage_plane(buf + sg.off[1][i], sg.pitch[1][i], V.p[i], V.unit[i], nt, row, tid, n_threads);
+  }
+}
+
+// A warp's tile from its own staging buffer (or from the planes when the
+// formats do not fit one).
+template <int kG, int kE>
+__device__ __forceinline__ void tile_staged(const float* q_s, const SideView& K, const SideView& V,
+                                            const Stage& sg, uint8_t* buf, const Keys& keys,
+                                            size_t t0, uint32_t D, float scale, int lane,
+                                            State<kG, kE>& st) {
+  if (!sg.fits) return tile<kG, kE>(q_s, K, V, keys, t0, D, scale, lane, st);
+  stage_tile(sg, buf, K, V, keys, t0, lane, 32);
+  cp_async_wait_all();
+  __syncwarp();
+  const int nt = static_cast<int>(min(size_t{32}, keys.n - t0));
+  tile_core<kG, kE>(q_s, sg.view(K, 0, buf), sg.view(V, 1, buf), [](int i) { return size_t(i); },
+                    nt, D, scale, lane, st);
+  __syncwarp();  // every lane is done with the image before the next tile overwrites it
+}
+
 // q_s[h][D] = the job's query heads h0 .. h0 + gh - 1 (zeros past gh), by
 // threads first, first + step, ...
 template <int kG>
 __device__ __forceinline__ void load_query(float* q_s, const AttentionJob& job, uint32_t h0,
                                            int gh, uint32_t D, uint32_t first, uint32_t step) {
-  for (uint32_t i = first; i < kG * D; i += step) {
-    const uint32_t h = i / D;
-    q_s[i] = h < static_cast<uint32_t>(gh) ? job.q[size_t{h0 + h} * D + i % D] : 0.0f;
-  }
+#pragma unroll
+  for (int h = 0; h < kG; ++h)
+    for (uint32_t i = first; i < D; i += step)
+      q_s[h * D + i] = h < gh ? job.q[size_t{h0 + h} * D + i] : 0.0f;
 }
 
 // Folds a later warp's state into the running one (both empty: nothing to
@@ -241,13 +365,17 @@ __device__ __forceinline__ void fold_weights(float m_run, float m_add, float& mm
 // Two blocks per SM: without the bound the kG = 4 variant took 169
 // registers (one block, 8 warps per SM) and decode steps were latency-bound.
 template <int kG, int kE>
-__global__ void __launch_bounds__(kWarps * 32, 2)
-    attention_kernel(const AttentionJob* jobs, uint32_t group_heads, uint32_t D, float scale) {
+__global__ void __launch_bounds__(kBlockWarps * 32, 2)
+    attention_kernel(const AttentionJob* jobs, uint32_t group_heads, uint32_t D, float scale,
+                     uint32_t stage_cap) {
   extern __shared__ __align__(16) float smem[];
   float* q_s = smem;
   float* acc_s = q_s + kG * D;
   float* m_s = acc_s + kG * D;
   float* l_s = m_s + kG;
+  // Then each warp's staging buffer of stage_cap bytes (0: no staging).
+  uint8_t* buf = reinterpret_cast<uint8_t*>(smem) + round16((2 * kG * D + 2 * kG) * sizeof(float)) +
+                 static_cast<size_t>(threadIdx.x / 32) * stage_cap;
   // The job, copied once (AttentionJob has member initialisers, so it cannot
   // be a __shared__ variable itself).
   __shared__ __align__(16) unsigned char job_raw[sizeof(AttentionJob)];
@@ -261,7 +389,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     reinterpret_cast<uint32_t*>(job_raw)[threadIdx.x] =
         reinterpret_cast<const uint32_t*>(jobs + blockIdx.x)[threadIdx.x];
   __syncthreads();
-  load_query<kG>(q_s, job, h0, gh, D, threadIdx.x, kWarps * 32);
+  load_query<kG>(q_s, job, h0, gh, D, threadIdx.x, kBlockWarps * 32);
   __syncthreads();
 
   JobView jv;
@@ -271,21 +399,23 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const uint32_t d0 = lane * kE;  // this lane's output dims [d0, d0 + kE)
   const bool v_lane = d0 < D;
   // The block's state starts empty (a job without keys writes zeros).
-  for (uint32_t i = threadIdx.x; i < kG * D; i += kWarps * 32) acc_s[i] = 0.0f;
+  for (uint32_t i = threadIdx.x; i < kG * D; i += kBlockWarps * 32) acc_s[i] = 0.0f;
   if (threadIdx.x < kG) {
     m_s[threadIdx.x] = -INFINITY;
     l_s[threadIdx.x] = 0.0f;
   }
   __syncthreads();
+  Stage sg;
+  sg.init(K, V, stage_cap);
   const size_t n_virtual = min(n_tiles(keys), static_cast<size_t>(kVirtual));
-  for (size_t round = 0; round * kWarps < n_virtual; ++round) {
-    const size_t vw = round * kWarps + warp;
+  for (size_t round = 0; round * kBlockWarps < n_virtual; ++round) {
+    const size_t vw = round * kBlockWarps + warp;
     State<kG, kE> st;
     st.init();
     for (size_t t0 = 32 * vw; t0 < keys.n; t0 += size_t{32} * kVirtual)
-      tile<kG, kE>(q_s, K, V, keys, t0, D, scale, lane, st);
+      tile_staged<kG, kE>(q_s, K, V, sg, buf, keys, t0, D, scale, lane, st);
     // Fold this round's virtual warps into the shared state, in order.
-    for (int w = 0; w < kWarps; ++w) {
+    for (int w = 0; w < kBlockWarps; ++w) {
       if (warp == w && vw < n_virtual) {
 #pragma unroll
         for (int h = 0; h < kG; ++h) {
@@ -314,7 +444,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       __syncthreads();
     }
   }
-  for (uint32_t i = threadIdx.x; i < gh * D; i += kWarps * 32) {
+  for (uint32_t i = threadIdx.x; i < gh * D; i += kBlockWarps * 32) {
     const uint32_t h = i / D;
     const float inv = l_s[h] > 0.0f ? __fdiv_rn(1.0f, l_s[h]) : 0.0f;  // no keys: zeros
     job.out[size_t{h0 + h} * D + i % D] = __fmul_rn(acc_s[i], inv);
@@ -387,26 +517,49 @@ __device__ __forceinline__ float* split_state(float* ws, size_t job, uint32_t he
   return ws + ((job * n_heads + head) * kVirtual + w) * (D + 2);
 }
 
-// One virtual warp of one (job, query head): block (job, kv head, query
-// head in the group * kVirtual + w), one warp.
+// One virtual warp of a (job, kv head)'s query heads: block (job, kv head,
+// chunk of up to kSplitHeads heads of the GQA group * kVirtual + w), a warp
+// per query head. The block stages each tile of K and V once for all its
+// heads (stage_tile), then every warp scores it with its own query.
+constexpr int kSplitHeads = 8;
 template <int kE>
-__global__ void __launch_bounds__(32)
+__global__ void __launch_bounds__(kSplitHeads * 32, 4)
     attention_split_kernel(const AttentionJob* jobs, uint32_t group_heads, uint32_t D,
                            float scale, float* ws) {
-  __shared__ __align__(16) float q_s[256];
-  const int lane = static_cast<int>(threadIdx.x);
+  extern __shared__ __align__(16) float smem[];
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const uint32_t w = blockIdx.z % kVirtual, kvh = blockIdx.y;
-  const uint32_t h = kvh * group_heads + blockIdx.z / kVirtual;
+  const uint32_t hg = blockIdx.z / kVirtual * kSplitHeads + warp;  // head in the group
+  const bool head = hg < group_heads;
+  const uint32_t h = kvh * group_heads + hg;
+  float* q_s = smem + warp * D;
+  uint8_t* buf = reinterpret_cast<uint8_t*>(smem + blockDim.x / 32 * D);
   const AttentionJob& job = jobs[blockIdx.x];
   JobView jv;
   jv.init(job, kvh);
-  if (32 * size_t{w} >= jv.keys.n) return;  // no tiles: not folded
-  load_query<1>(q_s, job, h, 1, D, lane, 32);
+  if (32 * size_t{w} >= jv.keys.n) return;  // no tiles: not folded (uniform over the block)
+  if (head) load_query<1>(q_s, job, h, 1, D, lane, 32);
   __syncwarp();
+  Stage sg;
+  sg.init(jv.k, jv.v, stage_bytes(D));
   State<1, kE> st;
   st.init();
-  for (size_t t0 = size_t{32} * w; t0 < jv.keys.n; t0 += size_t{32} * kVirtual)
-    tile<1, kE>(q_s, jv.k, jv.v, jv.keys, t0, D, scale, lane, st);
+  for (size_t t0 = size_t{32} * w; t0 < jv.keys.n; t0 += size_t{32} * kVirtual) {
+    if (!sg.fits) {
+      if (head) tile<1, kE>(q_s, jv.k, jv.v, jv.keys, t0, D, scale, lane, st);
+      continue;
+    }
+    stage_tile(sg, buf, jv.k, jv.v, jv.keys, t0, static_cast<int>(threadIdx.x),
+               static_cast<int>(blockDim.x));
+    cp_async_wait_all();
+    __syncthreads();
+    const int nt = static_cast<int>(min(size_t{32}, jv.keys.n - t0));
+    if (head)
+      tile_core<1, kE>(q_s, sg.view(jv.k, 0, buf), sg.view(jv.v, 1, buf),
+                       [](int i) { return size_t(i); }, nt, D, scale, lane, st);
+    __syncthreads();  // the image is read before the next tile's copies
+  }
+  if (!head) return;
   float* o = split_state(ws, blockIdx.x, h, gridDim.y * group_heads, w, D);
   if (lane == 0) {
     o[0] = st.m[0];
@@ -417,55 +570,92 @@ __global__ void __launch_bounds__(32)
     for (int e = 0; e < kE; ++e) o[2 + d0 + e] = st.acc[0][e];
 }
 
-// Folds a (job, query head)'s virtual warps in order: block (job, head).
-template <int kE>
-__global__ void __launch_bounds__(32)
+// Folds a (job, query head)'s virtual warps in order: block (job, head),
+// a thread per output dimension. The fold of state w into the running one
+// uses the running max M(w-1) = max(m_0 .. m_(w-1)) (fold_weights: a_w =
+// exp(M(w-1) - M(w)), b_w = exp(m_w - M(w))); the maxima are exact in any
+// order, so thread w computes a_w and b_w for all dimensions at once, and
+// each thread's chain over w is only acc = acc * a_w + st_w * b_w, with the
+// states' loads issued kMergeAhead ahead.
+constexpr int kMergeAhead = 16;
+__global__ void __launch_bounds__(256)
     attention_merge_kernel(const AttentionJob* jobs, uint32_t D, const float* ws) {
-  const int lane = static_cast<int>(threadIdx.x);
+  __shared__ float a_s[kVirtual], b_s[kVirtual], m_s[kVirtual];
+  const uint32_t d = threadIdx.x;
   const AttentionJob& job = jobs[blockIdx.x];
   Keys keys;
   keys.init(job);
-  const uint32_t h = blockIdx.y, d0 = lane * kE;
-  const bool v_lane = d0 < D;
-  const size_t n_virtual = min(n_tiles(keys), static_cast<size_t>(kVirtual));
-  State<1, kE> run;
-  run.init();
-  for (uint32_t w = 0; w < n_virtual; ++w) {
-    const float* st = split_state(const_cast<float*>(ws), blockIdx.x, h, gridDim.y, w, D);
-    float acc[kE];
-    if (v_lane)
-      for (int e = 0; e < kE; ++e) acc[e] = st[2 + d0 + e];
-    if (w == 0) {
-      run.m[0] = st[0];
-      run.l[0] = st[1];
-      if (v_lane)
-        for (int e = 0; e < kE; ++e) run.acc[0][e] = acc[e];
-      continue;
-    }
+  const uint32_t h = blockIdx.y;
+  const bool v_lane = d < D;
+  const uint32_t n_virtual = static_cast<uint32_t>(min(n_tiles(keys), static_cast<size_t>(kVirtual)));
+  const float* base = split_state(const_cast<float*>(ws), blockIdx.x, h, gridDim.y, 0, D);
+  const size_t pitch = D + 2;
+  if (n_virtual == 0) {  // a job without keys writes zeros
+    if (v_lane) job.out[size_t{h} * D + d] = 0.0f;
+    return;
+  }
+  // M(w) by a max-scan over the block's first kVirtual threads (blockDim >=
+  // kVirtual), then thread w's weights.
+  __shared__ float warp_max_s[kVirtual / 32];
+  const uint32_t lane = d % 32, warp = d / 32;
+  const float m_w = d < n_virtual ? base[d * pitch] : -INFINITY;
+  float mv = m_w;
+#pragma unroll
+  for (uint32_t off = 1; off < 32; off *= 2) {
+    const float o = __shfl_up_sync(0xffffffffu, mv, off);
+    if (lane >= off) mv = fmaxf(mv, o);
+  }
+  if (lane == 31 && warp < kVirtual / 32) warp_max_s[warp] = mv;
+  __syncthreads();
+  if (d < kVirtual) {
+    for (uint32_t k = 0; k < warp; ++k) mv = fmaxf(mv, warp_max_s[k]);
+    m_s[d] = mv;
+  }
+  __syncthreads();
+  if (d >= 1 && d < n_virtual) {
     float mm, a, b;
-    fold_weights(run.m[0], st[0], mm, a, b);
-    if (v_lane)
-      for (int e = 0; e < kE; ++e)
-        run.acc[0][e] = __fadd_rn(__fmul_rn(run.acc[0][e], a), __fmul_rn(acc[e], b));
-    run.l[0] = __fadd_rn(__fmul_rn(run.l[0], a), __fmul_rn(st[1], b));
-    run.m[0] = mm;
+    fold_weights(m_s[d - 1], m_w, mm, a, b);
+    a_s[d] = a;
+    b_s[d] = b;
+  }
+  __syncthreads();
+  float l_run = base[1], acc_run = v_lane ? base[2 + d] : 0.0f;
+  for (uint32_t w0 = 1; w0 < n_virtual; w0 += kMergeAhead) {
+    float l[kMergeAhead], acc[kMergeAhead];
+#pragma unroll
+    for (int i = 0; i < kMergeAhead; ++i) {
+      const float* st = base + (w0 + i) * pitch;
+      const bool in = w0 + i < n_virtual;
+      l[i] = in ? st[1] : 0.0f;
+      acc[i] = in && v_lane ? st[2 + d] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kMergeAhead; ++i) {
+      if (w0 + i >= n_virtual) break;
+      const float a = a_s[w0 + i], b = b_s[w0 + i];
+      acc_run = __fadd_rn(__fmul_rn(acc_run, a), __fmul_rn(acc[i], b));
+      l_run = __fadd_rn(__fmul_rn(l_run, a), __fmul_rn(l[i], b));
+    }
   }
   if (!v_lane) return;
-  const float inv = run.l[0] > 0.0f ? __fdiv_rn(1.0f, run.l[0]) : 0.0f;
-  float* o = job.out + size_t{h} * D + d0;
-  for (int e = 0; e < kE; ++e) o[e] = __fmul_rn(run.acc[0][e], inv);
+  const float inv = l_run > 0.0f ? __fdiv_rn(1.0f, l_run) : 0.0f;
+  job.out[size_t{h} * D + d] = __fmul_rn(acc_run, inv);
 }
 
 template <int kE>
 void launch_split(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& s,
                   uint32_t group_heads, float* ws, cudaStream_t stream) {
   const uint32_t D = static_cast<uint32_t>(s.head_dim);
+  const uint32_t chunks = (group_heads + kSplitHeads - 1) / kSplitHeads;
+  const uint32_t warps = min(group_heads, static_cast<uint32_t>(kSplitHeads));
   const dim3 grid(static_cast<unsigned>(n_jobs), static_cast<unsigned>(s.n_kv_heads),
-                  group_heads * kVirtual);
-  attention_split_kernel<kE><<<grid, 32, 0, stream>>>(jobs, group_heads, D, s.scale, ws);
+                  chunks * kVirtual);
+  const size_t smem = warps * D * sizeof(float) + stage_bytes(D);
+  raise_smem_limit<attention_split_kernel<kE>>(smem);
+  attention_split_kernel<kE><<<grid, warps * 32, smem, stream>>>(jobs, group_heads, D, s.scale, ws);
   FERRY_CUDA_LAUNCHED("attention_split_kernel");
   const dim3 mgrid(static_cast<unsigned>(n_jobs), static_cast<unsigned>(s.n_heads));
-  attention_merge_kernel<kE><<<mgrid, 32, 0, stream>>>(jobs, D, ws);
+  attention_merge_kernel<<<mgrid, std::max<uint32_t>(kVirtual, (D + 31) / 32 * 32), 0, stream>>>(jobs, D, ws);
   FERRY_CUDA_LAUNCHED("attention_merge_kernel");
 }
 
@@ -484,8 +674,14 @@ void launch(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionSha
     return;
   }
   const dim3 grid(static_cast<unsigned>(n_jobs), kvh, chunks);
+  // Per-warp staging buffers up to head_dim 128 (8 x 17 KB); wider heads
+  // read the planes directly.
+  const uint32_t cap = D <= 128 ? stage_bytes(D) : 0;
   const size_t smem = (2 * kG * s.head_dim + 2 * kG) * sizeof(float);
-  attention_kernel<kG, kE><<<grid, kWarps * 32, smem, stream>>>(jobs, group_heads, D, s.scale);
+  const size_t total = (smem + 15) / 16 * 16 + size_t{kBlockWarps} * cap;
+  raise_smem_limit<attention_kernel<kG, kE>>(total);
+  attention_kernel<kG, kE>
+      <<<grid, kBlockWarps * 32, total, stream>>>(jobs, group_heads, D, s.scale, cap);
   FERRY_CUDA_LAUNCHED("attention_kernel");
 }
 
@@ -523,7 +719,7 @@ void attention_variant(const AttentionJob* jobs, size_t n_jobs,
       shape.n_kv_heads > 0 && shape.n_kv_heads <= 65535 && shape.n_heads % shape.n_kv_heads == 0,
       "attention", "n_heads=", shape.n_heads, " n_kv_heads=", shape.n_kv_heads);
   FERRY_CHECK(n_jobs <= 0x7fffffffu, "attention", n_jobs, " jobs");
-  static_assert(sizeof(AttentionJob) % 4 == 0 && sizeof(AttentionJob) / 4 <= kWarps * 32);
+  static_assert(sizeof(AttentionJob) % 4 == 0 && sizeof(AttentionJob) / 4 <= kBlockWarps * 32);
   const uint32_t group_heads = static_cast<uint32_t>(shape.n_heads / shape.n_kv_heads);
   if (variant == AttentionVariant::Auto)
     variant = n_jobs >= kManyJobs                         ? AttentionVariant::PerWarp
@@ -531,8 +727,8 @@ void attention_variant(const AttentionJob* jobs, size_t n_jobs,
                                                           : AttentionVariant::PerBlock;
   FERRY_CHECK(variant != AttentionVariant::Split || workspace, "attention",
               "the split variant needs a workspace");
-  FERRY_CHECK(group_heads * size_t{kVirtual} <= 65535, "attention", "too many heads per group: ",
-              group_heads);
+  FERRY_CHECK((group_heads + kSplitHeads - 1) / kSplitHeads * size_t{kVirtual} <= 65535,
+              "attention", "too many heads per group: ", group_heads);
   if (D <= 64) return launch_e<2>(jobs, n_jobs, shape, group_heads, variant, workspace, stream);
   if (D <= 128) return launch_e<4>(jobs, n_jobs, shape, group_heads, variant, workspace, stream);
   return launch_e<8>(jobs, n_jobs, shape, group_heads, variant, workspace, stream);

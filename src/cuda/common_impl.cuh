@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -120,6 +121,28 @@ __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
   return v;
+}
+
+// Raises Kernel's dynamic shared-memory limit to at least `bytes` and asks
+// for the largest shared-memory carveout, once per device and size
+// (cudaFuncSetAttribute is needed above 48 KB).
+template <auto Kernel>
+void raise_smem_limit(size_t bytes) {
+  static std::atomic<size_t> done[64];
+  int dev = 0;
+  FERRY_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= 0 && dev < 64 && done[dev].load(std::memory_order_relaxed) >= bytes) return;
+  FERRY_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(bytes)));
+  // The whole unified L1 as shared memory: these kernels stage their
+  // operands there, and blocks per SM are what they are short of.
+  FERRY_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
+  if (dev >= 0 && dev < 64) {
+    size_t seen = done[dev].load(std::memory_order_relaxed);
+    while (seen < bytes && !done[dev].compare_exchange_weak(seen, bytes)) {
+    }
+  }
 }
 
 // Blocks for a grid-stride elementwise launch over n items.

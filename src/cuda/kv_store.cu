@@ -26,17 +26,32 @@ __device__ __forceinline__ float std_min(float a, float b) {
   return b < a ? b : a;
 }
 
-// One group of `group` values of x quantized as affine_quantize does, by one
-// thread: the group is at most 128 values and a write is one token, so the
-// serial scan costs nothing next to the launch.
+// One group of `group` values of x quantized as affine_quantize does, by
+// one warp. The CPU scans the group in order with std::max / std::min, which
+// keeps the first of equal extremes (-0 against +0) and never takes a NaN
+// (the scan starts at -inf / +inf): an associative choice, so each lane
+// scanning a contiguous run in order and the runs combined lowest lane
+// first (shfl_down halving) gives the same bits. Every lane then derives
+// scale and bias alike and encodes its own bytes.
 __device__ void affine_group(const float* v, int group, int bits, uint8_t* codes,
-                             uint8_t* scale_out, uint8_t* bias_out) {
+                             uint8_t* scale_out, uint8_t* bias_out, int lane) {
   const float n_bins = static_cast<float>((1 << bits) - 1);
   float w_min = __int_as_float(0x7f800000), w_max = -w_min;
-  for (int i = 0; i < group; ++i) {
+  const int per_lane = (group + 31) / 32;
+  for (int i = lane * per_lane; i < min(group, (lane + 1) * per_lane); ++i) {
     w_max = std_max(w_max, v[i]);
     w_min = std_min(w_min, v[i]);
   }
+  for (int s = 1; s < 32; s *= 2) {
+    const float hi = __shfl_down_sync(0xffffffffu, w_max, s);
+    const float lo = __shfl_down_sync(0xffffffffu, w_min, s);
+    if (lane % (2 * s) == 0 && lane + s < 32) {
+      w_max = std_max(w_max, hi);
+      w_min = std_min(w_min, lo);
+    }
+  }
+  w_max = __shfl_sync(0xffffffffu, w_max, 0);
+  w_min = __shfl_sync(0xffffffffu, w_min, 0);
   const bool min_edge = fabsf(w_min) > fabsf(w_max);
   float scale = std_max(__fdiv_rn(__fsub_rn(w_max, w_min), n_bins), 1e-7f);
   if (!min_edge) scale = -scale;
@@ -47,19 +62,21 @@ __device__ void affine_group(const float* v, int group, int bits, uint8_t* codes
     scale = __fdiv_rn(edge, q0);
     bias = edge;
   }
-  store_u16(scale_out, f2h(scale));
-  store_u16(bias_out, f2h(bias));
+  if (lane == 0) {
+    store_u16(scale_out, f2h(scale));
+    store_u16(bias_out, f2h(bias));
+  }
   // Codes packed little-endian: 8-bit codes are consecutive bytes; 4-bit
   // codes pair up in a byte, the even element in the low nibble.
   const int per_byte = 8 / bits;
-  for (int i = 0; i < group; i += per_byte) {
+  for (int b = lane; b < group / per_byte; b += 32) {
     uint32_t byte = 0;
     for (int k = 0; k < per_byte; ++k) {
-      float q = rintf(__fdiv_rn(__fsub_rn(v[i + k], bias), scale));
+      float q = rintf(__fdiv_rn(__fsub_rn(v[b * per_byte + k], bias), scale));
       q = isnan(q) ? 0.0f : std_min(std_max(q, 0.0f), n_bins);
       byte |= static_cast<uint32_t>(q) << (k * bits);
     }
-    codes[i / per_byte] = static_cast<uint8_t>(byte);
+    codes[b] = static_cast<uint8_t>(byte);
   }
 }
 
@@ -86,8 +103,10 @@ __global__ void __launch_bounds__(kThreads)
                   size_t{wr.slot} * side.unit[1];
     uint8_t* bi = const_cast<uint8_t*>(side.plane[2]) + h * side.head_stride[2] +
                   size_t{wr.slot} * side.unit[2];
-    for (uint32_t g = threadIdx.x; g < D / group; g += kThreads)
-      affine_group(src + g * group, group, bits, p0 + g * group * bits / 8, sc + 2 * g, bi + 2 * g);
+    // A warp per group (the block's warps take groups w, w + kThreads / 32, ...).
+    for (uint32_t g = threadIdx.x / 32; g < D / group; g += kThreads / 32)
+      affine_group(src + g * group, group, bits, p0 + g * group * bits / 8, sc + 2 * g, bi + 2 * g,
+                   static_cast<int>(threadIdx.x % 32));
   }
 }
 

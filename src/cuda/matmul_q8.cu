@@ -656,15 +656,7 @@ __global__ void __launch_bounds__(kVWarps * 32) matvec_q8_kernel(const Params p)
 // shared-memory limit once per device first.
 template <auto Kernel>
 void launch(Params p, int bm, int threads, size_t smem, cudaStream_t stream) {
-  static std::atomic<uint64_t> done{0};
-  int dev = 0;
-  FERRY_CUDA_CHECK(cudaGetDevice(&dev));
-  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
-  if (bit == 0 || !(done.load(std::memory_order_relaxed) & bit)) {
-    FERRY_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem)));
-    done.fetch_or(bit, std::memory_order_relaxed);
-  }
+  detail::raise_smem_limit<Kernel>(smem);
   size_t col_tiles = 0;
   for (int i = 0; i < p.n_weights; ++i) {
     p.tiles[i] = (p.n_outs[i] + bm - 1) / bm;

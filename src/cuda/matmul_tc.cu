@@ -352,16 +352,7 @@ struct Variant {
   static void launch(const Args& a) {
     using T = Tile<BM, BN, WM, WN, BK, STAGES>;
     auto* kernel = matmul_tc_kernel<BM, BN, WM, WN, BK, STAGES, kF16>;
-    // Raise the dynamic shared-memory limit once per device.
-    static std::atomic<uint64_t> done{0};
-    int dev = 0;
-    FERRY_CUDA_CHECK(cudaGetDevice(&dev));
-    const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
-    if (bit == 0 || !(done.load(std::memory_order_relaxed) & bit)) {
-      FERRY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(T::kSmemBytes)));
-      done.fetch_or(bit, std::memory_order_relaxed);
-    }
+    detail::raise_smem_limit<matmul_tc_kernel<BM, BN, WM, WN, BK, STAGES, kF16>>(T::kSmemBytes);
     Weights ws = a.ws;
     size_t col_tiles = 0;
     for (int i = 0; i < ws.n; ++i) {

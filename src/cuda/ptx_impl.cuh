@@ -1,5 +1,5 @@
 // Internal to src/cuda: inline-PTX wrappers shared by the tensor-core
-// kernels (matmul_tc.cu, matmul_q8.cu); sm_80 and newer.
+// kernels (matmul_tc.cu, matmul_q8.cu) and attention.cu; sm_80 and newer.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,6 +12,15 @@ namespace ferry::cuda::detail {
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool ok) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(ok ? 16 : 0));
+}
+// N = 4, 8 or 16 bytes global -> shared, through L1 (both addresses N-aligned).
+template <int N>
+__device__ __forceinline__ void cp_async_ca(uint32_t dst, const void* src) {
+  static_assert(N == 4 || N == 8 || N == 16, "cp.async.ca copies 4, 8 or 16 bytes");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src), "n"(N));
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::);
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);

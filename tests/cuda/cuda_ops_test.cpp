@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <random>
 #include <string>
@@ -322,6 +323,13 @@ std::vector<float> kv_rows(size_t n_tokens, size_t kv_dim, uint32_t seed) {
     x[64 + i] = -3.0f + 0.01f * i;  // negative edge
     x[96 + i] = 1e-6f * (i % 5);    // tiny (scale clamps to 1e-7)
   }
+  // Then a group whose maximum is a zero of both signs (the CPU's scan
+  // keeps the first) and NaNs, which the scan skips. (Not infinities: a
+  // group holding one gets a NaN scale whose sign bit is the platform's
+  // default NaN, set by the x86 divider on the CPU and positive on the GPU.)
+  for (size_t i = 0; i < 64; ++i) x[128 + i] = i % 3 == 0 ? -0.0f : i % 3 == 1 ? 0.0f : -0.25f * i;
+  x[128 + 40] = std::nanf("");
+  x[128 + 5] = -std::numeric_limits<float>::quiet_NaN();
   return x;
 }
 

@@ -1,0 +1,187 @@
+// GPU attention and KV-write timing: cuda::attention over one layer of a
+// Llama-3.1-8B-shaped cache (32 query heads, 8 kv heads, head_dim 128) for
+// each KV format, context length and number of jobs (decode: one query per
+// cache row), every kernel variant; and cuda::kv_store of one step's tokens.
+//
+// Each figure is the median over CUDA-event timings of back-to-back launches
+// (bench/gpu_bench_util.h); launches rotate through enough copies of the
+// cache (>= 256 MB) that L2 cannot hold them, as a model's other layers
+// would evict it. GB/s counts the K/V bytes the jobs read, once.
+//   gpu_attention_bench [KV JOBS CTX]   (one case only, e.g. for a profiler:
+//                                        q4g64 1 4096)
+// Built with -DFERRY_CUDA=ON (tests/CMakeLists.txt); needs a GPU.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_internal.h"
+#include "cuda/cuda_ops.h"
+#include "gpu_bench_util.h"
+#include "kernels/kv_format.h"
+
+using namespace ferry;
+using ferry::bench::random_bf16;
+using ferry::bench::time_launches;
+using kernels::KvFormat;
+
+namespace {
+
+constexpr size_t kHeads = 32, kKvHeads = 8, kD = 128;
+
+// One side's planes for `rows` cache rows of `ctx` slots, one row after
+// another (head stride ctx * unit), filled with random bytes.
+struct Side {
+  KvFormat f;
+  size_t unit[3] = {0, 0, 0};
+  uint8_t* plane[3] = {nullptr, nullptr, nullptr};
+  size_t bytes = 0;
+  Side(KvFormat fmt, size_t rows, size_t ctx) : f(fmt) {
+    const std::vector<size_t> units = f.plane_units(kD);
+    for (size_t p = 0; p < units.size() && p < 3; ++p) unit[p] = units[p];
+    for (int p = 0; p < 3; ++p)
+      if (unit[p]) {
+        const size_t n = rows * kKvHeads * ctx * unit[p];
+        // bf16 in [-1, 1] is finite as f16 scales and biases too.
+        plane[p] = reinterpret_cast<uint8_t*>(random_bf16((n + 1) / 2));
+        bytes += n;
+      }
+  }
+  kernels::KvSide side(size_t row, size_t ctx) const {
+    kernels::KvSide s;
+    s.format = f;
+    for (int p = 0; p < 3; ++p)
+      if (unit[p]) {
+        s.plane[p] = plane[p] + row * kKvHeads * ctx * unit[p];
+        s.head_stride[p] = ctx * unit[p];
+        s.unit[p] = unit[p];
+      }
+    return s;
+  }
+  void free() {
+    for (auto* p : plane)
+      if (p) CK(cudaFree(p));
+  }
+};
+
+const char* variant_name(cuda::AttentionVariant v) {
+  switch (v) {
+    case cuda::AttentionVariant::Auto: return "auto";
+    case cuda::AttentionVariant::PerBlock: return "block";
+    case cuda::AttentionVariant::PerWarp: return "warp";
+    case cuda::AttentionVariant::Split: return "split";
+  }
+  return "?";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // One case only when asked (KV format name, jobs, context).
+  const std::string only_kv = argc > 3 ? argv[1] : "";
+  const size_t only_jobs = argc > 3 ? std::stoul(argv[2]) : 0;
+  const size_t only_ctx = argc > 3 ? std::stoul(argv[3]) : 0;
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20);
+  const KvFormat formats[] = {KvFormat::bf16(), KvFormat::affine(8, 64), KvFormat::affine(4, 64)};
+  const size_t job_counts[] = {1, 8, 64};
+  const size_t contexts[] = {128, 1024, 4096, 16384};
+  kernels::AttentionShape shape;
+  shape.n_heads = kHeads;
+  shape.n_kv_heads = kKvHeads;
+  shape.head_dim = kD;
+  shape.scale = 0.088f;
+  std::printf("\n%-6s %5s %6s %-6s %9s %7s\n", "kv", "jobs", "ctx", "kernel", "us", "GB/s");
+  for (const KvFormat& f : formats)
+    for (size_t jobs : job_counts)
+      for (size_t ctx : contexts) {
+        if (jobs * ctx > 64 * 4096) continue;
+        if (!only_kv.empty() && (f.name() != only_kv || jobs != only_jobs || ctx != only_ctx))
+          continue;
+        // Copies of the whole cache, each `jobs` rows.
+        size_t copy_bytes = 0;
+        std::vector<Side> ks, vs;
+        do {
+          ks.emplace_back(f, jobs, ctx);
+          vs.emplace_back(f, jobs, ctx);
+          copy_bytes += ks.back().bytes + vs.back().bytes;
+        } while (copy_bytes < (size_t{256} << 20));
+        const size_t copies = ks.size();
+        float *q = nullptr, *out = nullptr, *ws = nullptr;
+        CK(cudaMalloc(&q, jobs * kHeads * kD * 4));
+        CK(cudaMemset(q, 0x3c, jobs * kHeads * kD * 4));
+        CK(cudaMalloc(&out, jobs * kHeads * kD * 4));
+        const size_t ws_floats = std::max<size_t>(1, cuda::attention_workspace_floats(jobs, shape));
+        const size_t split_floats = jobs * kHeads * 128 * (kD + 2);
+        CK(cudaMalloc(&ws, std::max(ws_floats, split_floats) * 4));
+        std::vector<cuda::AttentionJob*> d_jobs(copies);
+        for (size_t c = 0; c < copies; ++c) {
+          std::vector<cuda::AttentionJob> host(jobs);
+          for (size_t j = 0; j < jobs; ++j) {
+            host[j].q = q + j * kHeads * kD;
+            host[j].out = out + j * kHeads * kD;
+            host[j].k = ks[c].side(j, ctx);
+            host[j].v = vs[c].side(j, ctx);
+            host[j].seg[0] = {0, ctx};
+          }
+          CK(cudaMalloc(&d_jobs[c], jobs * sizeof(cuda::AttentionJob)));
+          CK(cudaMemcpy(d_jobs[c], host.data(), jobs * sizeof(cuda::AttentionJob),
+                        cudaMemcpyHostToDevice));
+        }
+        const double read = static_cast<double>(copy_bytes) / copies;
+        for (auto v : {cuda::AttentionVariant::Auto, cuda::AttentionVariant::PerBlock,
+                       cuda::AttentionVariant::Split}) {
+          const double t = time_launches(
+              [&](size_t i) {
+                cuda::attention_variant(d_jobs[i % copies], jobs, shape, v, ws, nullptr);
+              },
+              9);
+          std::printf("%-6s %5zu %6zu %-6s %9.1f %7.0f\n", f.name().c_str(), jobs, ctx,
+                      variant_name(v), t * 1e6, read / t / 1e9);
+        }
+        std::fflush(stdout);
+        for (size_t c = 0; c < copies; ++c) {
+          ks[c].free();
+          vs[c].free();
+          CK(cudaFree(d_jobs[c]));
+        }
+        CK(cudaFree(q));
+        CK(cudaFree(out));
+        CK(cudaFree(ws));
+      }
+
+  if (!only_kv.empty()) return 0;
+  // kv_store: one step's tokens written into a cache of 4096 slots.
+  std::printf("\n%-6s %6s %9s\n", "kv", "tokens", "store us");
+  for (const KvFormat& f : formats)
+    for (size_t tokens : {1, 64, 512}) {
+      Side k(f, 1, 4096), v(f, 1, 4096);
+      float *src_k = nullptr, *src_v = nullptr;
+      CK(cudaMalloc(&src_k, tokens * kKvHeads * kD * 4));
+      CK(cudaMalloc(&src_v, tokens * kKvHeads * kD * 4));
+      CK(cudaMemset(src_k, 0x3c, tokens * kKvHeads * kD * 4));
+      CK(cudaMemset(src_v, 0x3d, tokens * kKvHeads * kD * 4));
+      std::vector<cuda::KvWrite> host(tokens);
+      for (size_t t = 0; t < tokens; ++t) {
+        host[t].k = k.side(0, 4096);
+        host[t].v = v.side(0, 4096);
+        host[t].slot = static_cast<uint32_t>(t);
+        host[t].token = static_cast<uint32_t>(t);
+      }
+      cuda::KvWrite* d = nullptr;
+      CK(cudaMalloc(&d, tokens * sizeof(cuda::KvWrite)));
+      CK(cudaMemcpy(d, host.data(), tokens * sizeof(cuda::KvWrite), cudaMemcpyHostToDevice));
+      const double t = time_launches(
+          [&](size_t) { cuda::kv_store(d, tokens, kKvHeads, kD, src_k, src_v, nullptr); }, 9);
+      std::printf("%-6s %6zu %9.1f\n", f.name().c_str(), tokens, t * 1e6);
+      k.free();
+      v.free();
+      CK(cudaFree(src_k));
+      CK(cudaFree(src_v));
+      CK(cudaFree(d));
+    }
+  return 0;
+}
