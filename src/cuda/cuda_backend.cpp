@@ -216,6 +216,7 @@ class CudaBackend final : public model::Backend {
     FERRY_CUDA_CHECK(cudaMemcpy(p, host.data, bytes, cudaMemcpyHostToDevice));
     FERRY_CUDA_CHECK(cudaMemset(static_cast<uint8_t*>(p) + bytes, 0, kWeightPad));
     d.data = static_cast<const uint8_t*>(p);
+    dense_weights_ = dense_weights_ || host.type == DType::BF16 || host.type == DType::F16;
     return d;
   }
 
@@ -266,7 +267,33 @@ class CudaBackend final : public model::Backend {
                float* out) override {
     if (replaying()) return;
     mark("rmsnorm");
-    cuda::rmsnorm(x, w, n_rows, dim, eps, out, stream_);
+    uint16_t* b = bf16_copy_for(out, n_rows, n_rows * dim);
+    cuda::rmsnorm(x, w, n_rows, dim, eps, out, stream_, b);
+  }
+
+  void add_rmsnorm(float* x, const float* y, const float* w, size_t n_rows, size_t dim, float eps,
+                   float* out) override {
+    if (replaying()) return;
+    mark("add_rmsnorm");
+    uint16_t* b = bf16_copy_for(out, n_rows, n_rows * dim);
+    cuda::add_rmsnorm(x, y, w, n_rows, dim, eps, out, b, stream_);
+  }
+
+  // A bf16 rounding of an activation that a norm or silu_mul has just
+  // written, made by that kernel for the tensor-core product that reads it
+  // next (matmul_many takes it instead of converting x again). Only while
+  // dense weights take the tensor-core kernel; every other op drops it
+  // (mark), so it is never older than the f32 values it copies.
+  struct Bf16Copy {
+    const float* x = nullptr;
+    size_t n = 0;
+    const uint16_t* b = nullptr;
+  };
+  uint16_t* bf16_copy_for(const float* x, size_t n_rows, size_t n) {
+    if (!dense_weights_ || !(opts_.deterministic || n_rows <= kFastMatvecRows)) return nullptr;
+    uint16_t* b = static_cast<uint16_t*>(xtc_.get(n * 2, stream_));
+    bf16_copy_ = {x, n, b};
+    return b;
   }
 
   void matmul(const kernels::WeightView& w, const float* x, size_t n_rows, float* y) override {
@@ -283,8 +310,10 @@ class CudaBackend final : public model::Backend {
   void matmul_many(std::span<const kernels::WeightView> ws, const float* x, size_t n_rows,
                    std::span<float* const> ys) override {
     if (replaying()) return;
-    mark("matmul");
-    const uint16_t* xb = nullptr;  // x in bf16, made on first use
+    profile_mark("matmul");
+    // x in bf16: the copy its producer made, or made here on first use.
+    const uint16_t* xb =
+        bf16_copy_.x == x && bf16_copy_.n == n_rows * ws[0].n_in ? bf16_copy_.b : nullptr;
     Int8Rows xq;                   // x quantized for int8 mode, made on first use
     // Weights of one type wait here to share one launch: dense ones for
     // the tensor-core kernel, Q4_K / Q6_K ones for int8 mode's.
@@ -358,7 +387,10 @@ class CudaBackend final : public model::Backend {
   void silu_mul(float* gate, const float* up, size_t n) override {
     if (replaying()) return;
     mark("silu_mul");
-    cuda::silu_mul(gate, up, n, stream_);
+    // (Rows are not known here: the copy is made in both modes, and fast
+    // mode's cuBLAS steps convert on their own.)
+    uint16_t* b = bf16_copy_for(gate, 1, n);
+    cuda::silu_mul(gate, up, n, stream_, b);
   }
 
   void add_inplace(float* x, const float* y, size_t n) override {
@@ -681,8 +713,14 @@ class CudaBackend final : public model::Backend {
   static constexpr size_t kMaxGraphs = 300, kMaxShapesSeen = 4096;
 
   bool replaying() const { return mode_ == Mode::Replay; }
-  // Profiling: an event before each op run kernel by kernel.
+  // At each op's start (ops run kernel by kernel): drops the bf16 copy of
+  // the previous op's output (only a product reads it), and, when
+  // profiling, records an event.
   void mark(const char* op) {
+    bf16_copy_ = {};
+    profile_mark(op);
+  }
+  void profile_mark(const char* op) {
     if (profile_ && mode_ == Mode::Direct) profile_->mark(op);
   }
 
@@ -755,6 +793,8 @@ class CudaBackend final : public model::Backend {
   std::shared_ptr<DeviceKvAllocator> kv_alloc_;
   std::vector<void*> owned_;  // weights and vectors
   Growable arena_, dequant_, xconv_, xtc_, xq_, attn_ws_, select_;
+  bool dense_weights_ = false;  // a BF16/F16 weight was loaded
+  Bf16Copy bf16_copy_;
   // Staging for uploads: pinned host memory and its device twin.
   void* pinned_ = nullptr;
   void* staging_dev_ = nullptr;

@@ -34,8 +34,14 @@ void embed(const uint8_t* table, DType type, size_t n_in, const int32_t* tokens,
            float* out, cudaStream_t stream);
 
 // out[r] = x[r] * (1 / sqrt(mean(x[r]^2) + eps)) * w. out may alias x.
+// With out_bf16, also out's values rounded to bf16 there (bit-identical to
+// f32_to_bf16 of out), for the tensor-core product that reads them next.
 void rmsnorm(const float* x, const float* w, size_t n_rows, size_t dim, float eps, float* out,
-             cudaStream_t stream);
+             cudaStream_t stream, uint16_t* out_bf16 = nullptr);
+// x += y, then rmsnorm(x) into out (and out_bf16 if given): one launch,
+// bit-identical to add_inplace followed by rmsnorm.
+void add_rmsnorm(float* x, const float* y, const float* w, size_t n_rows, size_t dim, float eps,
+                 float* out, uint16_t* out_bf16, cudaStream_t stream);
 
 // Rotary embedding, GGML's adjacent-pair layout, on x: [n_rows, n_heads,
 // head_dim]; row r rotates by angle pos[r] * inv_freq[i] (inv_freq:
@@ -44,8 +50,10 @@ void rmsnorm(const float* x, const float* w, size_t n_rows, size_t dim, float ep
 void rope(float* x, size_t n_rows, size_t n_heads, size_t head_dim, const int32_t* pos,
           const float* inv_freq, cudaStream_t stream);
 
-// gate[i] = silu(gate[i]) * up[i];  x[i] += y[i].
-void silu_mul(float* gate, const float* up, size_t n, cudaStream_t stream);
+// gate[i] = silu(gate[i]) * up[i] (and its bf16 rounding in gate_bf16 if
+// given, as rmsnorm's out_bf16);  x[i] += y[i].
+void silu_mul(float* gate, const float* up, size_t n, cudaStream_t stream,
+              uint16_t* gate_bf16 = nullptr);
 void add_inplace(float* x, const float* y, size_t n, cudaStream_t stream);
 
 // y[r, j] = sum_k W[j, k] * x[r, k] for a GGUF-typed weight (any DType

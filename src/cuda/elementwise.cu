@@ -14,15 +14,40 @@ using namespace detail;
 // One block per row. Thread t sums x[i]^2 for i = t, t + 256, ... with FMA in
 // increasing i, then the block reduces the 256 partials by a fixed tree
 // (warp butterflies, then warp 0 over the 8 warp sums). The order depends
-// only on dim, so a row's result is the same in any batch.
+// only on dim, so a row's result is the same in any batch. With y, x[i] +=
+// y[i] first (written back; the norm is of the sum); with out_bf16, the
+// output's bf16 rounding is written there too (what f32_to_bf16 of out
+// gives), for the tensor-core product that reads it next. A thread's loads
+// go out in runs of 8 (a row is one block: its latency is the step's).
 constexpr int kNormThreads = 256;
 __global__ void __launch_bounds__(kNormThreads)
-    rmsnorm_kernel(const float* x, const float* w, uint32_t dim, float eps, float* out) {
+    rmsnorm_kernel(float* x, const float* y, const float* w, uint32_t dim, float eps, float* out,
+                   uint16_t* out_bf16) {
   __shared__ float warp_ss[kNormThreads / 32];
   __shared__ float scale_s;
-  const float* xr = x + size_t{blockIdx.x} * dim;
+  float* xr = x + size_t{blockIdx.x} * dim;
+  const float* yr = y ? y + size_t{blockIdx.x} * dim : nullptr;
+  // Thread t's elements t, t + 256, ... in runs of kRun, each run's loads
+  // issued before its stores (x, y and out may alias, so the compiler
+  // would not hoist them itself).
+  constexpr uint32_t kRun = 8;
   float ss = 0.0f;
-  for (uint32_t i = threadIdx.x; i < dim; i += kNormThreads) ss = __fmaf_rn(xr[i], xr[i], ss);
+  for (uint32_t i0 = threadIdx.x; i0 < dim; i0 += kRun * kNormThreads) {
+    float v[kRun];
+#pragma unroll
+    for (uint32_t k = 0; k < kRun; ++k) {
+      const uint32_t i = i0 + k * kNormThreads;
+      v[k] = i < dim ? (yr ? __fadd_rn(xr[i], yr[i]) : xr[i]) : 0.0f;
+    }
+#pragma unroll
+    for (uint32_t k = 0; k < kRun; ++k) {
+      const uint32_t i = i0 + k * kNormThreads;
+      if (i < dim) {
+        if (yr) xr[i] = v[k];  // read back below by this thread only
+        ss = __fmaf_rn(v[k], v[k], ss);
+      }
+    }
+  }
   ss = warp_sum(ss);
   if (threadIdx.x % 32 == 0) warp_ss[threadIdx.x / 32] = ss;
   __syncthreads();
@@ -36,8 +61,23 @@ __global__ void __launch_bounds__(kNormThreads)
   __syncthreads();  // also orders every read of x before the writes (out may alias x)
   const float scale = scale_s;
   float* o = out + size_t{blockIdx.x} * dim;
-  for (uint32_t i = threadIdx.x; i < dim; i += kNormThreads)
-    o[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+  uint16_t* ob = out_bf16 ? out_bf16 + size_t{blockIdx.x} * dim : nullptr;
+  for (uint32_t i0 = threadIdx.x; i0 < dim; i0 += kRun * kNormThreads) {
+    float v[kRun];
+#pragma unroll
+    for (uint32_t k = 0; k < kRun; ++k) {
+      const uint32_t i = i0 + k * kNormThreads;
+      v[k] = i < dim ? __fmul_rn(__fmul_rn(xr[i], scale), w[i]) : 0.0f;
+    }
+#pragma unroll
+    for (uint32_t k = 0; k < kRun; ++k) {
+      const uint32_t i = i0 + k * kNormThreads;
+      if (i < dim) {
+        o[i] = v[k];
+        if (ob) ob[i] = f2bf(v[k]);
+      }
+    }
+  }
 }
 
 // One thread per (row, head, pair): pairs (2i, 2i+1) rotate by pos[row] * inv_freq[i].
@@ -56,11 +96,13 @@ __global__ void rope_kernel(float* x, size_t n_pairs, uint32_t n_heads, uint32_t
   }
 }
 
-__global__ void silu_mul_kernel(float* gate, const float* up, size_t n) {
+__global__ void silu_mul_kernel(float* gate, const float* up, size_t n, uint16_t* gate_bf16) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
        i += size_t{gridDim.x} * blockDim.x) {
     const float g = gate[i];
-    gate[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[i]);
+    const float v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[i]);
+    gate[i] = v;
+    if (gate_bf16) gate_bf16[i] = f2bf(v);
   }
 }
 
@@ -80,14 +122,27 @@ constexpr unsigned kThreads = 256;
 
 }  // namespace
 
-void rmsnorm(const float* x, const float* w, size_t n_rows, size_t dim, float eps, float* out,
-             cudaStream_t stream) {
+namespace {
+void launch_rmsnorm(float* x, const float* y, const float* w, size_t n_rows, size_t dim, float eps,
+                    float* out, uint16_t* out_bf16, cudaStream_t stream) {
   if (n_rows == 0) return;
   FERRY_CHECK(n_rows <= 0x7fffffffu && dim > 0 && dim <= 0xffffffffu, "rmsnorm", "rows=", n_rows,
               " dim=", dim);
   rmsnorm_kernel<<<static_cast<unsigned>(n_rows), kNormThreads, 0, stream>>>(
-      x, w, static_cast<uint32_t>(dim), eps, out);
+      x, y, w, static_cast<uint32_t>(dim), eps, out, out_bf16);
   FERRY_CUDA_LAUNCHED("rmsnorm_kernel");
+}
+}  // namespace
+
+void rmsnorm(const float* x, const float* w, size_t n_rows, size_t dim, float eps, float* out,
+             cudaStream_t stream, uint16_t* out_bf16) {
+  // Without y the kernel only reads x.
+  launch_rmsnorm(const_cast<float*>(x), nullptr, w, n_rows, dim, eps, out, out_bf16, stream);
+}
+
+void add_rmsnorm(float* x, const float* y, const float* w, size_t n_rows, size_t dim, float eps,
+                 float* out, uint16_t* out_bf16, cudaStream_t stream) {
+  launch_rmsnorm(x, y, w, n_rows, dim, eps, out, out_bf16, stream);
 }
 
 void rope(float* x, size_t n_rows, size_t n_heads, size_t head_dim, const int32_t* pos,
@@ -101,9 +156,9 @@ void rope(float* x, size_t n_rows, size_t n_heads, size_t head_dim, const int32_
   FERRY_CUDA_LAUNCHED("rope_kernel");
 }
 
-void silu_mul(float* gate, const float* up, size_t n, cudaStream_t stream) {
+void silu_mul(float* gate, const float* up, size_t n, cudaStream_t stream, uint16_t* gate_bf16) {
   if (n == 0) return;
-  silu_mul_kernel<<<elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(gate, up, n);
+  silu_mul_kernel<<<elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(gate, up, n, gate_bf16);
   FERRY_CUDA_LAUNCHED("silu_mul_kernel");
 }
 

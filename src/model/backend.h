@@ -66,6 +66,13 @@ class Backend {
                     const float* inv_freq) = 0;
   virtual void silu_mul(float* gate, const float* up, size_t n) = 0;
   virtual void add_inplace(float* x, const float* y, size_t n) = 0;
+  // x += y, then rmsnorm(x) into out (a residual add and the next norm): a
+  // backend may fuse them; the results are those of the two calls.
+  virtual void add_rmsnorm(float* x, const float* y, const float* w, size_t n_rows, size_t dim,
+                           float eps, float* out) {
+    add_inplace(x, y, n_rows * dim);
+    rmsnorm(x, w, n_rows, dim, eps, out);
+  }
   // out[i, :] = x[host_rows[i], :] for rows of `dim` floats.
   virtual void gather_rows(const float* x, std::span<const size_t> host_rows, size_t dim,
                            float* out) = 0;

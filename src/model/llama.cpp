@@ -172,9 +172,11 @@ void LlamaModel::run(Backend& be, const LlamaWeights& w, kv::BatchKv& kv,
   be.embed(w.tok_embd, tokens, x);
 
   const kernels::AttentionShape shape{H, KVH, D, 1.0f / std::sqrt(static_cast<float>(D))};
+  // Each residual add is fused with the norm that follows it (add_rmsnorm);
+  // the first layer's input norm stands alone.
+  if (c.n_layers > 0) be.rmsnorm(x, w.layers[0].attn_norm, T, E, c.rms_eps, xn);
   for (size_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
-    be.rmsnorm(x, lw.attn_norm, T, E, c.rms_eps, xn);
     const kernels::WeightView qkv_w[] = {lw.wq, lw.wk, lw.wv};
     float* const qkv_y[] = {q, k, v};
     be.matmul_many(qkv_w, xn, T, qkv_y);
@@ -183,15 +185,17 @@ void LlamaModel::run(Backend& be, const LlamaWeights& w, kv::BatchKv& kv,
     be.kv_write(kv, l, places, k, v);
     be.attention(kv, l, places, shape, q, attn);
     be.matmul(lw.wo, attn, T, tmp);
-    be.add_inplace(x, tmp, T * E);
+    be.add_rmsnorm(x, tmp, lw.ffn_norm, T, E, c.rms_eps, xn);
 
-    be.rmsnorm(x, lw.ffn_norm, T, E, c.rms_eps, xn);
     const kernels::WeightView gate_up_w[] = {lw.w_gate, lw.w_up};
     float* const gate_up_y[] = {gate, up};
     be.matmul_many(gate_up_w, xn, T, gate_up_y);
     be.silu_mul(gate, up, T * F);
     be.matmul(lw.w_down, gate, T, tmp);
-    be.add_inplace(x, tmp, T * E);
+    if (l + 1 < c.n_layers)
+      be.add_rmsnorm(x, tmp, w.layers[l + 1].attn_norm, T, E, c.rms_eps, xn);
+    else
+      be.add_inplace(x, tmp, T * E);
   }
 
   if (n_out > 0) {

@@ -219,6 +219,45 @@ TEST(CudaOps, RmsnormMatchesCpu) {
   }
 }
 
+// The fused forms the backend uses: add_rmsnorm is add_inplace then
+// rmsnorm, bit for bit, and the bf16 copies written by rmsnorm and silu_mul
+// are f32_to_bf16 of their f32 outputs.
+TEST(CudaOps, FusedNormAndBf16CopiesEqualSeparateOps) {
+  REQUIRE_GPU();
+  const size_t rows = 5, dim = 4096;
+  const auto x = random_floats(rows * dim, 43, 2.0f), y = random_floats(rows * dim, 44, 2.0f),
+             w = random_floats(dim, 45);
+  auto bf16_of = [](const DeviceBuffer<float>& f, size_t n) {
+    DeviceBuffer<uint16_t> b(n);
+    cuda::f32_to_bf16(f.get(), n, b.get(), nullptr);
+    return b.download();
+  };
+  // Separate ops.
+  DeviceBuffer<float> d_x(x), d_y(y), d_w(w), d_out(x.size());
+  cuda::add_inplace(d_x.get(), d_y.get(), x.size(), nullptr);
+  cuda::rmsnorm(d_x.get(), d_w.get(), rows, dim, 1e-5f, d_out.get(), nullptr);
+  const auto sum = d_x.download(), norm = d_out.download();
+  const auto norm_bf16 = bf16_of(d_out, x.size());
+  // Fused.
+  DeviceBuffer<float> f_x(x), f_out(x.size());
+  DeviceBuffer<uint16_t> f_b(x.size());
+  f_out.poison();
+  cuda::add_rmsnorm(f_x.get(), d_y.get(), d_w.get(), rows, dim, 1e-5f, f_out.get(), f_b.get(),
+                    nullptr);
+  EXPECT_EQ(first_bit_diff(sum, f_x.download().data(), x.size()), -1) << "x + y";
+  EXPECT_EQ(first_bit_diff(norm, f_out.download().data(), x.size()), -1) << "norm";
+  EXPECT_TRUE(f_b.download() == norm_bf16) << "add_rmsnorm's bf16 copy";
+  // rmsnorm's own copy.
+  DeviceBuffer<uint16_t> r_b(x.size());
+  cuda::rmsnorm(d_x.get(), d_w.get(), rows, dim, 1e-5f, d_out.get(), nullptr, r_b.get());
+  EXPECT_TRUE(r_b.download() == norm_bf16) << "rmsnorm's bf16 copy";
+  // silu_mul's.
+  DeviceBuffer<float> g(x), u(y);
+  DeviceBuffer<uint16_t> g_b(x.size());
+  cuda::silu_mul(g.get(), u.get(), x.size(), nullptr, g_b.get());
+  EXPECT_TRUE(g_b.download() == bf16_of(g, x.size())) << "silu_mul's bf16 copy";
+}
+
 TEST(CudaOps, RopeMatchesCpu) {
   REQUIRE_GPU();
   for (size_t head_dim : {64, 128}) {
