@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize >> 20);
   const KvFormat formats[] = {KvFormat::bf16(), KvFormat::affine(8, 64), KvFormat::affine(4, 64)};
-  const size_t job_counts[] = {1, 8, 64};
+  const size_t job_counts[] = {1, 8, 64, 256};
   const size_t contexts[] = {128, 1024, 4096, 16384};
   kernels::AttentionShape shape;
   shape.n_heads = kHeads;

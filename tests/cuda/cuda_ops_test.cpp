@@ -574,7 +574,8 @@ TEST(CudaOps, AttentionVariantsAreBitIdentical) {
   for (const AttnCase& ac :
        {AttnCase{128, 32, 8, KvFormat::f16(), KvFormat::f16()},
         AttnCase{64, 8, 1, KvFormat::affine(4, 64), KvFormat::affine(8, 32)},
-        AttnCase{128, 8, 2, KvFormat::bf16(), KvFormat::affine(4, 32)}}) {
+        AttnCase{128, 8, 2, KvFormat::bf16(), KvFormat::affine(4, 32)},
+        AttnCase{64, 32, 2, KvFormat::f32(), KvFormat::bf16()}}) {  // GQA 16: two chunks of 8
     constexpr size_t C = 4400;
     AttnFixture f(ac, C, 77);
     std::mt19937 rng(11);
