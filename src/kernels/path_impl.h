@@ -161,86 +161,142 @@ void decode_with(const uint8_t* row, size_t K, float* out) {
   for (size_t k = 0; k < K; k += 16) Dec::load16(row, k).store(out + k);
 }
 
+// Many activation rows (prefill): a panel of up to kPanelRows weight rows
+// is decoded to float32 in scratch once, then every activation row runs
+// the canonical dot against each of them (dot16's order, so the bits are
+// those of the fused tile). On AVX-512 four activation rows meet four
+// weight rows at a time in 16 accumulators: each x load feeds four FMAs
+// and each weight load four, where a row at a time loaded more than it
+// multiplied; the panel and a group of x rows stay in L1.
+constexpr size_t kPanelRows = 16;
+
+#if defined(FERRY_VEC_AVX512)
+// y[r * ldy + u] = dot16(w[u], x + r * K) for r, u < 4.
+inline void dots_4x4(const float* const* w, const float* x, size_t K, float* y, size_t ldy) {
+  Vec16 a[4][4];
+  for (auto& row : a)
+    for (auto& v : row) v = Vec16::zero();
+  for (size_t k = 0; k < K; k += 16) {
+    const Vec16 x0 = Vec16::load(x + k), x1 = Vec16::load(x + K + k),
+                x2 = Vec16::load(x + 2 * K + k), x3 = Vec16::load(x + 3 * K + k);
+    for (int u = 0; u < 4; ++u) {
+      const Vec16 wu = Vec16::load(w[u] + k);
+      a[u][0].fma(wu, x0);
+      a[u][1].fma(wu, x1);
+      a[u][2].fma(wu, x2);
+      a[u][3].fma(wu, x3);
+    }
+  }
+  for (int r = 0; r < 4; ++r)
+    for (int u = 0; u < 4; ++u) y[r * ldy + u] = a[u][r].reduce();
+}
+#endif
+
+// y[r * ldy + u] = dot16(w[u], x + r * K) for r < n_rows, u < nw.
+inline void panel_dots(const float* const* w, size_t nw, const float* x, size_t n_rows, size_t K,
+                       float* y, size_t ldy) {
+  size_t r = 0;
+#if defined(FERRY_VEC_AVX512)
+  for (; r + 4 <= n_rows; r += 4)
+    for (size_t u = 0; u < nw; u += 4) {
+      if (u + 4 <= nw) {
+        dots_4x4(w + u, x + r * K, K, y + r * ldy + u, ldy);
+        continue;
+      }
+      for (size_t rr = r; rr < r + 4; ++rr)
+        for (size_t v = u; v < nw; ++v) y[rr * ldy + v] = dot16(w[v], x + rr * K, K);
+    }
+#endif
+  for (; r < n_rows; ++r)
+    for (size_t u = 0; u < nw; ++u) y[r * ldy + u] = dot16(w[u], x + r * K, K);
+}
+
+inline void matmul_panels(const WeightView& w, const float* x, size_t n_rows, float* y, size_t j0,
+                          size_t j1) {
+  const size_t K = w.n_in, N = w.n_out, rb = w.row_bytes();
+  thread_local std::vector<float> scratch;
+  if (w.type != DType::F32 && scratch.size() < kPanelRows * K) scratch.resize(kPanelRows * K);
+  for (size_t j = j0; j < j1; j += kPanelRows) {
+    const size_t np = std::min(kPanelRows, j1 - j);
+    const float* wf[kPanelRows];
+    for (size_t u = 0; u < np; ++u) {
+      const uint8_t* row = w.data + (j + u) * rb;
+      float* dst = scratch.data() + u * K;
+      switch (w.type) {
+        case DType::F32:
+          wf[u] = reinterpret_cast<const float*>(row);
+          continue;
+        case DType::F16:
+          decode_with<DecF16>(row, K, dst);
+          break;
+        case DType::BF16:
+          decode_with<DecBF16>(row, K, dst);
+          break;
+        case DType::Q8_0:
+          decode_with<DecQ8_0>(row, K, dst);
+          break;
+        case DType::Q4_0:
+          decode_with<DecQ4_0>(row, K, dst);
+          break;
+        case DType::Q4_1:
+          decode_with<DecQ4_1>(row, K, dst);
+          break;
+        case DType::Q6_K:
+          decode_with<DecQ6_K>(row, K, dst);
+          break;
+        default:
+          decode_row(w.type, row, dst, K);
+          break;
+      }
+      wf[u] = dst;
+    }
+    panel_dots(wf, np, x, n_rows, K, y + j, N);
+  }
+}
+
 inline void matmul_cols(const WeightView& w, const float* x, size_t n_rows, float* y, size_t j0,
                         size_t j1) {
   const size_t K = w.n_in, N = w.n_out, rb = w.row_bytes();
   // Decoding into scratch pays off once the tile is reused by a few rows.
   const bool fused = n_rows <= 2 && w.type != DType::Q4_K && w.type != DType::Q5_K;
-  thread_local std::vector<float> scratch;
-  if (!fused && scratch.size() < kRowsPerTile * K) scratch.resize(kRowsPerTile * K);
+  if (!fused) return matmul_panels(w, x, n_rows, y, j0, j1);
   for (size_t j = j0; j < j1; j += kRowsPerTile) {
     const size_t nj = std::min(kRowsPerTile, j1 - j);
     const uint8_t* wr[kRowsPerTile];
     for (size_t u = 0; u < nj; ++u) wr[u] = w.data + (j + u) * rb;
     float* yt = y + j;
-    if (fused) {
-      // Decode streams the weights from DRAM: ask for the bytes
-      // kPrefetchBytes ahead of this tile, as the hardware prefetchers alone
-      // keep too few lines in flight for four interleaved rows (measured
-      // 1.5-2.8x from DRAM for F16 and Q8_0; no effect on the arithmetic).
-      const size_t from = j * rb + kPrefetchBytes;
-      const size_t to = std::min(j1 * rb, from + nj * rb);
-      for (size_t o = from; o < to; o += 64) __builtin_prefetch(w.data + o);
-      switch (w.type) {
-        case DType::F32:
-          tile_fused<DecF32>(wr, nj, x, n_rows, K, yt, N);
-          break;
-        case DType::F16:
-          tile_fused<DecF16>(wr, nj, x, n_rows, K, yt, N);
-          break;
-        case DType::BF16:
-          tile_fused<DecBF16>(wr, nj, x, n_rows, K, yt, N);
-          break;
-        case DType::Q8_0:
-          tile_fused<DecQ8_0>(wr, nj, x, n_rows, K, yt, N);
-          break;
-        case DType::Q4_0:
-          tile_fused<DecQ4_0>(wr, nj, x, n_rows, K, yt, N);
-          break;
-        case DType::Q4_1:
-          tile_fused<DecQ4_1>(wr, nj, x, n_rows, K, yt, N);
-          break;
-        case DType::Q6_K:
-          tile_fused<DecQ6_K>(wr, nj, x, n_rows, K, yt, N);
-          break;
-        default:
-          break;
-      }
-      continue;
+    // Decode streams the weights from DRAM: ask for the bytes
+    // kPrefetchBytes ahead of this tile, as the hardware prefetchers alone
+    // keep too few lines in flight for four interleaved rows (measured
+    // 1.5-2.8x from DRAM for F16 and Q8_0; no effect on the arithmetic).
+    const size_t from = j * rb + kPrefetchBytes;
+    const size_t to = std::min(j1 * rb, from + nj * rb);
+    for (size_t o = from; o < to; o += 64) __builtin_prefetch(w.data + o);
+    switch (w.type) {
+      case DType::F32:
+        tile_fused<DecF32>(wr, nj, x, n_rows, K, yt, N);
+        break;
+      case DType::F16:
+        tile_fused<DecF16>(wr, nj, x, n_rows, K, yt, N);
+        break;
+      case DType::BF16:
+        tile_fused<DecBF16>(wr, nj, x, n_rows, K, yt, N);
+        break;
+      case DType::Q8_0:
+        tile_fused<DecQ8_0>(wr, nj, x, n_rows, K, yt, N);
+        break;
+      case DType::Q4_0:
+        tile_fused<DecQ4_0>(wr, nj, x, n_rows, K, yt, N);
+        break;
+      case DType::Q4_1:
+        tile_fused<DecQ4_1>(wr, nj, x, n_rows, K, yt, N);
+        break;
+      case DType::Q6_K:
+        tile_fused<DecQ6_K>(wr, nj, x, n_rows, K, yt, N);
+        break;
+      default:
+        break;
     }
-    // Many activation rows (prefill): decode the tile once into scratch,
-    // then run the same canonical dots (as plain f32 rows) against each row.
-    const uint8_t* wf[kRowsPerTile];
-    for (size_t u = 0; u < nj; ++u) {
-      float* dst = scratch.data() + u * K;
-      switch (w.type) {
-        case DType::F32:
-          break;
-        case DType::F16:
-          decode_with<DecF16>(wr[u], K, dst);
-          break;
-        case DType::BF16:
-          decode_with<DecBF16>(wr[u], K, dst);
-          break;
-        case DType::Q8_0:
-          decode_with<DecQ8_0>(wr[u], K, dst);
-          break;
-        case DType::Q4_0:
-          decode_with<DecQ4_0>(wr[u], K, dst);
-          break;
-        case DType::Q4_1:
-          decode_with<DecQ4_1>(wr[u], K, dst);
-          break;
-        case DType::Q6_K:
-          decode_with<DecQ6_K>(wr[u], K, dst);
-          break;
-        default:
-          decode_row(w.type, wr[u], dst, K);
-          break;
-      }
-      wf[u] = w.type == DType::F32 ? wr[u] : reinterpret_cast<const uint8_t*>(dst);
-    }
-    tile_fused<DecF32>(wf, nj, x, n_rows, K, yt, N);
   }
 }
 
