@@ -161,6 +161,30 @@ void decode_with(const uint8_t* row, size_t K, float* out) {
   for (size_t k = 0; k < K; k += 16) Dec::load16(row, k).store(out + k);
 }
 
+// Calls f(Dec{}) with the register decoder of type t; false for the types
+// without one (Q4_K, Q5_K: decode_row).
+template <class F>
+bool with_decoder(DType t, F&& f) {
+  switch (t) {
+    case DType::F32:
+      return f(DecF32{}), true;
+    case DType::F16:
+      return f(DecF16{}), true;
+    case DType::BF16:
+      return f(DecBF16{}), true;
+    case DType::Q8_0:
+      return f(DecQ8_0{}), true;
+    case DType::Q4_0:
+      return f(DecQ4_0{}), true;
+    case DType::Q4_1:
+      return f(DecQ4_1{}), true;
+    case DType::Q6_K:
+      return f(DecQ6_K{}), true;
+    default:
+      return false;
+  }
+}
+
 // Many activation rows (prefill): a panel of up to kPanelRows weight rows
 // is decoded to float32 in scratch once, then every activation row runs
 // the canonical dot against each of them (dot16's order, so the bits are
@@ -222,32 +246,12 @@ inline void matmul_panels(const WeightView& w, const float* x, size_t n_rows, fl
     for (size_t u = 0; u < np; ++u) {
       const uint8_t* row = w.data + (j + u) * rb;
       float* dst = scratch.data() + u * K;
-      switch (w.type) {
-        case DType::F32:
-          wf[u] = reinterpret_cast<const float*>(row);
-          continue;
-        case DType::F16:
-          decode_with<DecF16>(row, K, dst);
-          break;
-        case DType::BF16:
-          decode_with<DecBF16>(row, K, dst);
-          break;
-        case DType::Q8_0:
-          decode_with<DecQ8_0>(row, K, dst);
-          break;
-        case DType::Q4_0:
-          decode_with<DecQ4_0>(row, K, dst);
-          break;
-        case DType::Q4_1:
-          decode_with<DecQ4_1>(row, K, dst);
-          break;
-        case DType::Q6_K:
-          decode_with<DecQ6_K>(row, K, dst);
-          break;
-        default:
-          decode_row(w.type, row, dst, K);
-          break;
+      if (w.type == DType::F32) {
+        wf[u] = reinterpret_cast<const float*>(row);
+        continue;
       }
+      if (!with_decoder(w.type, [&](auto d) { decode_with<decltype(d)>(row, K, dst); }))
+        decode_row(w.type, row, dst, K);
       wf[u] = dst;
     }
     panel_dots(wf, np, x, n_rows, K, y + j, N);
@@ -272,31 +276,7 @@ inline void matmul_cols(const WeightView& w, const float* x, size_t n_rows, floa
     const size_t from = j * rb + kPrefetchBytes;
     const size_t to = std::min(j1 * rb, from + nj * rb);
     for (size_t o = from; o < to; o += 64) __builtin_prefetch(w.data + o);
-    switch (w.type) {
-      case DType::F32:
-        tile_fused<DecF32>(wr, nj, x, n_rows, K, yt, N);
-        break;
-      case DType::F16:
-        tile_fused<DecF16>(wr, nj, x, n_rows, K, yt, N);
-        break;
-      case DType::BF16:
-        tile_fused<DecBF16>(wr, nj, x, n_rows, K, yt, N);
-        break;
-      case DType::Q8_0:
-        tile_fused<DecQ8_0>(wr, nj, x, n_rows, K, yt, N);
-        break;
-      case DType::Q4_0:
-        tile_fused<DecQ4_0>(wr, nj, x, n_rows, K, yt, N);
-        break;
-      case DType::Q4_1:
-        tile_fused<DecQ4_1>(wr, nj, x, n_rows, K, yt, N);
-        break;
-      case DType::Q6_K:
-        tile_fused<DecQ6_K>(wr, nj, x, n_rows, K, yt, N);
-        break;
-      default:
-        break;
-    }
+    with_decoder(w.type, [&](auto d) { tile_fused<decltype(d)>(wr, nj, x, n_rows, K, yt, N); });
   }
 }
 
