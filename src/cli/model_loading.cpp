@@ -45,6 +45,10 @@ void add_scheduler_options(CLI::App* cmd, engine::SchedulerOptions& so) {
                   "(0: off)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--step-min-prefill", so.step_min_prefill,
+                  "Prompt tokens a step may always take beside decode rows, whatever "
+                  "--step-target-ms says")
+      ->capture_default_str();
 }
 
 kernels::MatmulMode DeviceOptions::matmul_mode() const {

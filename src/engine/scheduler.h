@@ -67,12 +67,14 @@ struct SchedulerOptions {
   size_t threads = 0;                                       // kernel threads (0: all cores)
   kernels::MatmulMode matmul = kernels::MatmulMode::Exact;  // CPU products
   // Step-time target while rows decode (StepTimeBudget); 0: off, prompts
-  // take the whole token budget. 80 ms: on a 2-core CPU a step of 16
-  // decode rows of SmolLM2-135M takes about 50 ms; against 150 it cut the
-  // serving p99 inter-token latency by about a third at the same output
-  // rate (docs/BENCHMARKS.md, "ferry bench").
-  double step_target_ms = 80;
-  size_t step_min_prefill = 32;  // prompt tokens a step always may take
+  // take the whole token budget. 60 ms, with at least 16 prompt tokens a
+  // step: on a 2-core CPU a step of 16 decode rows of SmolLM2-135M takes
+  // about 50 ms, and 80 ms / 32 tokens let the steps that carry a
+  // newcomer's prompt reach 100-120 ms, the serving p99 inter-token
+  // latency; 60 / 16 keeps it near 65-80 ms at the same output rate, for a
+  // longer wait to the first token (docs/BENCHMARKS.md, "ferry bench").
+  double step_target_ms = 60;
+  size_t step_min_prefill = 16;  // prompt tokens a step always may take
   // Seconds on a monotonic clock for timing steps (null: steady_clock).
   // Tests inject a fake to make the step-time policy deterministic.
   std::function<double()> step_clock;
