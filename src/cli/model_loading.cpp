@@ -47,8 +47,9 @@ void add_scheduler_options(CLI::App* cmd, engine::SchedulerOptions& so) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--step-min-prefill", so.step_min_prefill,
                   "Prompt tokens a step may always take beside decode rows, whatever "
-                  "--step-target-ms says")
-      ->capture_default_str();
+                  "--step-target-ms says (at least 1: prompts always progress)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
 }
 
 kernels::MatmulMode DeviceOptions::matmul_mode() const {

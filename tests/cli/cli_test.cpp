@@ -51,6 +51,7 @@ TEST(Cli, HelpOnEverySubcommand) {
 TEST(Cli, BadArgumentsGiveUsageErrorsNotCrashes) {
   for (const char* args : {"run --max-tokens notanumber hi", "run --kv-bits 3 hi",
                            "run --matmul fast hi", "bench --matmul fast", "bench --prompt-tokens 0",
+                           "bench --step-min-prefill 0", "serve --step-min-prefill x",
                            "run --no-such-flag hi", "nosuchcommand", ""}) {
     Result r = ferry(args, true);
     EXPECT_NE(r.code, 0) << args;
@@ -222,7 +223,8 @@ TEST(Cli, BenchJsonCountsAreExactAndFiguresSane) {
   Result help = ferry("bench --help");
   EXPECT_EQ(help.code, 0);
   for (const char* flag : {"--requests", "--concurrency", "--prompt-tokens", "--output-tokens",
-                           "--step-target-ms", "--kv-bits", "--warmup", "--json"})
+                           "--step-target-ms", "--step-min-prefill", "--kv-bits", "--warmup",
+                           "--json"})
     EXPECT_NE(help.out.find(flag), std::string::npos) << flag;
 }
 
