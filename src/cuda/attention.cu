@@ -373,6 +373,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32, kMinBlocks)
     attention_kernel(const AttentionJob* jobs, uint32_t group_heads, uint32_t D, float scale,
                      uint32_t stage_cap) {
   extern __shared__ __align__(16) float smem[];
+  detail::dependency_wait();
   float* q_s = smem;
   float* acc_s = q_s + kG * D;
   float* m_s = acc_s + kG * D;
@@ -465,6 +466,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     attention_warp_kernel(const AttentionJob* jobs, size_t n_jobs, uint32_t group_heads,
                           uint32_t D, float scale) {
   extern __shared__ __align__(16) float smem[];
+  detail::dependency_wait();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const size_t jid = size_t{blockIdx.x} * kWarps + warp;
   if (jid >= n_jobs) return;  // no block-wide barrier below
@@ -531,6 +533,7 @@ __global__ void __launch_bounds__(kSplitHeads * 32, 4)
     attention_split_kernel(const AttentionJob* jobs, uint32_t group_heads, uint32_t D,
                            float scale, float* ws) {
   extern __shared__ __align__(16) float smem[];
+  detail::dependency_wait();
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const uint32_t w = blockIdx.z % kVirtual, kvh = blockIdx.y;
   const uint32_t hg = blockIdx.z / kVirtual * kSplitHeads + warp;  // head in the group
@@ -585,6 +588,7 @@ constexpr int kMergeAhead = 16;
 __global__ void __launch_bounds__(256)
     attention_merge_kernel(const AttentionJob* jobs, uint32_t D, const float* ws) {
   __shared__ float a_s[kVirtual], b_s[kVirtual], m_s[kVirtual];
+  detail::dependency_wait();
   const uint32_t d = threadIdx.x;
   const AttentionJob& job = jobs[blockIdx.x];
   Keys keys;
@@ -656,11 +660,12 @@ void launch_split(const AttentionJob* jobs, size_t n_jobs, const kernels::Attent
                   chunks * kVirtual);
   const size_t smem = warps * D * sizeof(float) + stage_bytes(D);
   raise_smem_limit<attention_split_kernel<kE>>(smem);
-  attention_split_kernel<kE><<<grid, warps * 32, smem, stream>>>(jobs, group_heads, D, s.scale, ws);
-  FERRY_CUDA_LAUNCHED("attention_split_kernel");
+  detail::launch("attention_split_kernel", attention_split_kernel<kE>, grid, warps * 32, smem,
+                 stream, jobs, group_heads, D, s.scale, ws);
   const dim3 mgrid(static_cast<unsigned>(n_jobs), static_cast<unsigned>(s.n_heads));
-  attention_merge_kernel<<<mgrid, std::max<uint32_t>(kVirtual, (D + 31) / 32 * 32), 0, stream>>>(jobs, D, ws);
-  FERRY_CUDA_LAUNCHED("attention_merge_kernel");
+  detail::launch("attention_merge_kernel", attention_merge_kernel, mgrid,
+                 std::max<uint32_t>(kVirtual, (D + 31) / 32 * 32), 0, stream, jobs, D,
+                 static_cast<const float*>(ws));
 }
 
 template <int kG, int kE>
@@ -672,9 +677,8 @@ void launch(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionSha
   if (per_warp) {
     const dim3 grid(static_cast<unsigned>((n_jobs + kWarps - 1) / kWarps), kvh, chunks);
     const size_t smem = size_t{kWarps} * kG * s.head_dim * sizeof(float);
-    attention_warp_kernel<kG, kE>
-        <<<grid, kWarps * 32, smem, stream>>>(jobs, n_jobs, group_heads, D, s.scale);
-    FERRY_CUDA_LAUNCHED("attention_warp_kernel");
+    detail::launch("attention_warp_kernel", attention_warp_kernel<kG, kE>, grid, kWarps * 32, smem,
+                   stream, jobs, n_jobs, group_heads, D, s.scale);
     return;
   }
   const dim3 grid(static_cast<unsigned>(n_jobs), kvh, chunks);
@@ -683,16 +687,17 @@ void launch(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionSha
   const uint32_t cap = D <= 128 ? stage_bytes(D) : 0;
   const size_t smem = (2 * kG * s.head_dim + 2 * kG) * sizeof(float);
   const size_t total = (smem + 15) / 16 * 16 + size_t{kBlockWarps} * cap;
+  auto go = [&](auto kernel) {
+    detail::launch("attention_kernel", kernel, grid, kBlockWarps * 32, total, stream, jobs,
+                   group_heads, D, s.scale, cap);
+  };
   if (n_jobs >= kDenseJobs) {
     raise_smem_limit<attention_kernel<kG, kE, 4>>(total);
-    attention_kernel<kG, kE, 4>
-        <<<grid, kBlockWarps * 32, total, stream>>>(jobs, group_heads, D, s.scale, cap);
+    go(attention_kernel<kG, kE, 4>);
   } else {
     raise_smem_limit<attention_kernel<kG, kE, 2>>(total);
-    attention_kernel<kG, kE, 2>
-        <<<grid, kBlockWarps * 32, total, stream>>>(jobs, group_heads, D, s.scale, cap);
+    go(attention_kernel<kG, kE, 2>);
   }
-  FERRY_CUDA_LAUNCHED("attention_kernel");
 }
 
 // Below kFewJobs jobs a block takes one query head, not the GQA group: a

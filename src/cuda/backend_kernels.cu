@@ -1,5 +1,6 @@
 #include <cuda_fp16.h>
 
+#include "cuda/common_impl.cuh"
 #include "cuda/cuda_internal.h"
 #include "cuda/cuda_ops.h"
 
@@ -7,14 +8,19 @@ namespace ferry::cuda {
 
 namespace {
 
+using detail::dependency_wait;
+using detail::launch;
+
 __global__ void gather_rows_kernel(const float* __restrict__ x, const uint32_t* __restrict__ rows,
                                    size_t dim, float* __restrict__ out) {
+  dependency_wait();
   const float* src = x + static_cast<size_t>(rows[blockIdx.x]) * dim;
   float* dst = out + static_cast<size_t>(blockIdx.x) * dim;
   for (size_t i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = src[i];
 }
 
 __global__ void f32_to_f16_kernel(const float* __restrict__ x, size_t n, __half* __restrict__ out) {
+  dependency_wait();
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x)
     out[i] = __float2half_rn(x[i]);
@@ -24,6 +30,7 @@ template <class Job>
 __global__ void expand_kernel(const Job* __restrict__ base, size_t n,
                               const PlaneShift* __restrict__ shifts, size_t total,
                               Job* __restrict__ out) {
+  dependency_wait();
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < total;
        i += size_t{gridDim.x} * blockDim.x) {
     Job j = base[i % n];
@@ -42,8 +49,7 @@ void expand(const Job* base, size_t n, const PlaneShift* shifts, size_t layers, 
   const size_t total = n * layers;
   if (total == 0) return;
   const unsigned blocks = static_cast<unsigned>(std::min<size_t>((total + 127) / 128, 65535));
-  expand_kernel<Job><<<blocks, 128, 0, stream>>>(base, n, shifts, total, out);
-  check(cudaGetLastError(), "expand_jobs", __FILE__, __LINE__);
+  launch("expand_jobs", expand_kernel<Job>, blocks, 128, 0, stream, base, n, shifts, total, out);
 }
 
 }  // namespace
@@ -61,15 +67,15 @@ void expand_jobs(const AttentionJob* base, size_t n, const PlaneShift* shifts, s
 void gather_rows(const float* x, const uint32_t* rows, size_t n_rows, size_t dim, float* out,
                  cudaStream_t stream) {
   if (n_rows == 0) return;
-  gather_rows_kernel<<<static_cast<unsigned>(n_rows), 256, 0, stream>>>(x, rows, dim, out);
-  check(cudaGetLastError(), "gather_rows", __FILE__, __LINE__);
+  launch("gather_rows", gather_rows_kernel, static_cast<unsigned>(n_rows), 256, 0, stream, x, rows,
+         dim, out);
 }
 
 void f32_to_f16(const float* x, size_t n, uint16_t* out, cudaStream_t stream) {
   if (n == 0) return;
   const unsigned blocks = static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 65535));
-  f32_to_f16_kernel<<<blocks, 256, 0, stream>>>(x, n, reinterpret_cast<__half*>(out));
-  check(cudaGetLastError(), "f32_to_f16", __FILE__, __LINE__);
+  launch("f32_to_f16", f32_to_f16_kernel, blocks, 256, 0, stream, x, n,
+         reinterpret_cast<__half*>(out));
 }
 
 }  // namespace ferry::cuda

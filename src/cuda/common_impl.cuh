@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "core/error.h"
 #include "cuda/cuda_ops.h"
@@ -143,6 +144,46 @@ void raise_smem_limit(size_t bytes) {
     while (seen < bytes && !done[dev].compare_exchange_weak(seen, bytes)) {
     }
   }
+}
+
+// ---- launches -----------------------------------------------------------------
+//
+// Every ferry kernel is launched by launch(), with programmatic dependent
+// launch where the device has it (dependent_launch in cuda_ops.h): its
+// blocks may be scheduled while the kernel before it in the stream is still
+// running, so the launch and the fill of the next kernel overlap the tail of
+// the last one. The contract, for every kernel launched this way: before
+// dependency_wait() it only reads memory no operation of the stream writes
+// (weights) and writes nothing global; everything else comes after. The wait
+// returns once every earlier kernel of the stream has finished and its
+// writes are visible (completion is transitive: that kernel waited for its
+// own predecessors the same way), and then lets the next kernel start its
+// blocks. Without the feature (older GPUs, FERRY_CUDA_PDL=0) the wait is a
+// no-op and launches are plain stream-ordered launches.
+__device__ __forceinline__ void dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+template <class... Params, class... Args>
+void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+            cudaStream_t stream, Args&&... args) {
+  int dev = 0;
+  FERRY_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = dependent_launch(dev) ? 1 : 0;
+  check(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(std::forward<Args>(args))...), name,
+        __FILE__, __LINE__);
 }
 
 // Blocks for a grid-stride elementwise launch over n items.

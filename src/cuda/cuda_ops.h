@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include "core/dtype.h"
@@ -173,6 +174,15 @@ void select_logits(const float* logits, size_t n_rows, size_t vocab, const Selec
 // Throws ferry::Error("[cuda] <what>: <error string> at file:line") if err
 // is not cudaSuccess.
 void check(cudaError_t err, const char* what, const char* file, int line);
+
+// Programmatic dependent launch (Hopper and later): whether ferry's kernels
+// may start while the kernel before them in the stream finishes (each
+// waits for its inputs inside; docs/CUDA.md, "Launches"). On by default on
+// devices of compute capability 9.0 and up; FERRY_CUDA_PDL=0 turns it off,
+// and set_dependent_launch overrides both until called with nullopt (for
+// tests and A/B timing). Results are the same bits either way.
+void set_dependent_launch(std::optional<bool> on);
+bool dependent_launch(int device);
 
 }  // namespace ferry::cuda
 

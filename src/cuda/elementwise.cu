@@ -25,6 +25,7 @@ __global__ void __launch_bounds__(kNormThreads)
                    uint16_t* out_bf16) {
   __shared__ float warp_ss[kNormThreads / 32];
   __shared__ float scale_s;
+  dependency_wait();
   float* xr = x + size_t{blockIdx.x} * dim;
   const float* yr = y ? y + size_t{blockIdx.x} * dim : nullptr;
   // Thread t's elements t, t + 256, ... in runs of kRun, each run's loads
@@ -83,6 +84,7 @@ __global__ void __launch_bounds__(kNormThreads)
 // One thread per (row, head, pair): pairs (2i, 2i+1) rotate by pos[row] * inv_freq[i].
 __global__ void rope_kernel(float* x, size_t n_pairs, uint32_t n_heads, uint32_t half,
                             const int32_t* pos, const float* inv_freq) {
+  dependency_wait();
   for (size_t t = blockIdx.x * size_t{blockDim.x} + threadIdx.x; t < n_pairs;
        t += size_t{gridDim.x} * blockDim.x) {
     const uint32_t i = static_cast<uint32_t>(t % half);
@@ -97,6 +99,7 @@ __global__ void rope_kernel(float* x, size_t n_pairs, uint32_t n_heads, uint32_t
 }
 
 __global__ void silu_mul_kernel(float* gate, const float* up, size_t n, uint16_t* gate_bf16) {
+  dependency_wait();
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
        i += size_t{gridDim.x} * blockDim.x) {
     const float g = gate[i];
@@ -107,12 +110,14 @@ __global__ void silu_mul_kernel(float* gate, const float* up, size_t n, uint16_t
 }
 
 __global__ void add_kernel(float* x, const float* y, size_t n) {
+  dependency_wait();
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
        i += size_t{gridDim.x} * blockDim.x)
     x[i] = __fadd_rn(x[i], y[i]);
 }
 
 __global__ void f32_to_bf16_kernel(const float* x, size_t n, uint16_t* out) {
+  dependency_wait();
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
        i += size_t{gridDim.x} * blockDim.x)
     out[i] = f2bf(x[i]);
@@ -128,9 +133,8 @@ void launch_rmsnorm(float* x, const float* y, const float* w, size_t n_rows, siz
   if (n_rows == 0) return;
   FERRY_CHECK(n_rows <= 0x7fffffffu && dim > 0 && dim <= 0xffffffffu, "rmsnorm", "rows=", n_rows,
               " dim=", dim);
-  rmsnorm_kernel<<<static_cast<unsigned>(n_rows), kNormThreads, 0, stream>>>(
-      x, y, w, static_cast<uint32_t>(dim), eps, out, out_bf16);
-  FERRY_CUDA_LAUNCHED("rmsnorm_kernel");
+  launch("rmsnorm_kernel", rmsnorm_kernel, static_cast<unsigned>(n_rows), kNormThreads, 0, stream,
+         x, y, w, static_cast<uint32_t>(dim), eps, out, out_bf16);
 }
 }  // namespace
 
@@ -150,28 +154,26 @@ void rope(float* x, size_t n_rows, size_t n_heads, size_t head_dim, const int32_
   FERRY_CHECK(head_dim % 2 == 0, "rope", "odd head_dim ", head_dim);
   const size_t n_pairs = n_rows * n_heads * (head_dim / 2);
   if (n_pairs == 0) return;
-  rope_kernel<<<elementwise_blocks(n_pairs, kThreads), kThreads, 0, stream>>>(
-      x, n_pairs, static_cast<uint32_t>(n_heads), static_cast<uint32_t>(head_dim / 2), pos,
-      inv_freq);
-  FERRY_CUDA_LAUNCHED("rope_kernel");
+  launch("rope_kernel", rope_kernel, elementwise_blocks(n_pairs, kThreads), kThreads, 0, stream, x,
+         n_pairs, static_cast<uint32_t>(n_heads), static_cast<uint32_t>(head_dim / 2), pos,
+         inv_freq);
 }
 
 void silu_mul(float* gate, const float* up, size_t n, cudaStream_t stream, uint16_t* gate_bf16) {
   if (n == 0) return;
-  silu_mul_kernel<<<elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(gate, up, n, gate_bf16);
-  FERRY_CUDA_LAUNCHED("silu_mul_kernel");
+  launch("silu_mul_kernel", silu_mul_kernel, elementwise_blocks(n, kThreads), kThreads, 0, stream,
+         gate, up, n, gate_bf16);
 }
 
 void add_inplace(float* x, const float* y, size_t n, cudaStream_t stream) {
   if (n == 0) return;
-  add_kernel<<<elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(x, y, n);
-  FERRY_CUDA_LAUNCHED("add_kernel");
+  launch("add_kernel", add_kernel, elementwise_blocks(n, kThreads), kThreads, 0, stream, x, y, n);
 }
 
 void f32_to_bf16(const float* x, size_t n, uint16_t* out, cudaStream_t stream) {
   if (n == 0) return;
-  f32_to_bf16_kernel<<<elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(x, n, out);
-  FERRY_CUDA_LAUNCHED("f32_to_bf16_kernel");
+  launch("f32_to_bf16_kernel", f32_to_bf16_kernel, elementwise_blocks(n, kThreads), kThreads, 0,
+         stream, x, n, out);
 }
 
 }  // namespace ferry::cuda

@@ -31,6 +31,7 @@ __global__ void __launch_bounds__(kThreads)
     embed_kernel(const uint8_t* table, size_t row_bytes, uint32_t n_units, const int32_t* tokens,
                  float* out) {
   using U = Gguf<T>;
+  dependency_wait();
   const uint8_t* row = table + static_cast<size_t>(tokens[blockIdx.x]) * row_bytes;
   float* o = out + size_t{blockIdx.x} * n_units * U::kElems;
   for (uint32_t u = threadIdx.x; u < n_units; u += kThreads) {
@@ -49,6 +50,7 @@ __global__ void __launch_bounds__(kThreads)
     dequantize_bf16_kernel(const uint8_t* w, size_t row_bytes, uint32_t n_units, size_t n_out,
                            uint16_t* out) {
   using U = Gguf<T>;
+  dependency_wait();
   const size_t total = n_out * n_units;
   for (size_t t = blockIdx.x * size_t{kThreads} + threadIdx.x; t < total;
        t += size_t{gridDim.x} * kThreads) {
@@ -78,9 +80,8 @@ void embed(const uint8_t* table, DType type, size_t n_in, const int32_t* tokens,
   dispatch_dtype(type, "embed", [&](auto tag) {
     constexpr DType T = decltype(tag)::value;
     const uint32_t n_units = static_cast<uint32_t>(n_in / Gguf<T>::kElems);
-    embed_kernel<T><<<static_cast<unsigned>(n_tokens), kThreads, 0, stream>>>(
-        table, row_bytes(type, n_in), n_units, tokens, out);
-    FERRY_CUDA_LAUNCHED("embed_kernel");
+    launch("embed_kernel", embed_kernel<T>, static_cast<unsigned>(n_tokens), kThreads, 0, stream,
+           table, row_bytes(type, n_in), n_units, tokens, out);
   });
 }
 
@@ -91,10 +92,9 @@ void dequantize_bf16(const uint8_t* w, DType type, size_t n_in, size_t n_out, ui
   dispatch_dtype(type, "dequantize_bf16", [&](auto tag) {
     constexpr DType T = decltype(tag)::value;
     const uint32_t n_units = static_cast<uint32_t>(n_in / Gguf<T>::kElems);
-    dequantize_bf16_kernel<T>
-        <<<elementwise_blocks(n_out * n_units, kThreads), kThreads, 0, stream>>>(
-            w, row_bytes(type, n_in), n_units, n_out, out);
-    FERRY_CUDA_LAUNCHED("dequantize_bf16_kernel");
+    launch("dequantize_bf16_kernel", dequantize_bf16_kernel<T>,
+           elementwise_blocks(n_out * n_units, kThreads), kThreads, 0, stream, w,
+           row_bytes(type, n_in), n_units, n_out, out);
   });
 }
 

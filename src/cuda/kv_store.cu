@@ -84,6 +84,7 @@ __device__ void affine_group(const float* v, int group, int bits, uint8_t* codes
 __global__ void __launch_bounds__(kThreads)
     kv_store_kernel(const KvWrite* writes, uint32_t n_kv_heads, uint32_t D, const float* k,
                     const float* v) {
+  dependency_wait();
   const KvWrite& wr = writes[blockIdx.x];
   const uint32_t h = blockIdx.y;
   const kernels::KvSide& side = blockIdx.z == 0 ? wr.k : wr.v;
@@ -118,9 +119,8 @@ void kv_store(const KvWrite* writes, size_t n_writes, size_t n_kv_heads, size_t 
   FERRY_CHECK(n_writes <= 0x7fffffffu && n_kv_heads <= 65535 && head_dim % 16 == 0, "kv_store",
               "writes=", n_writes, " kv_heads=", n_kv_heads, " head_dim=", head_dim);
   const dim3 grid(static_cast<unsigned>(n_writes), static_cast<unsigned>(n_kv_heads), 2);
-  kv_store_kernel<<<grid, kThreads, 0, stream>>>(writes, static_cast<uint32_t>(n_kv_heads),
-                                                 static_cast<uint32_t>(head_dim), k, v);
-  FERRY_CUDA_LAUNCHED("kv_store_kernel");
+  launch("kv_store_kernel", kv_store_kernel, grid, kThreads, 0, stream, writes,
+         static_cast<uint32_t>(n_kv_heads), static_cast<uint32_t>(head_dim), k, v);
 }
 
 }  // namespace ferry::cuda

@@ -71,6 +71,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr uint32_t kPitch = U::kElems + 1;
   __shared__ float xs[kXRows * kStageUnits * kPitch];
 
+  detail::dependency_wait();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const uint32_t j = blockIdx.x * kWarps + warp;
   const bool active = j < n_out;  // idle warps stay: the block syncs per stage
@@ -153,21 +154,20 @@ void matmul_gguf(const uint8_t* w, DType type, size_t n_in, size_t n_out, const 
       return 32u * upl * U::kElems * U::kBlockBytes / U::kBlockElems;
     };
     const bool vec = rb % 16 == 0;
+    auto go = [&](auto kernel) {
+      detail::launch("matmul_gguf_kernel", kernel, grid, kWarps * 32, 0, stream, w, rb, n_units, x,
+                     n_in, no, nr, y);
+    };
     if (n_rows <= kFewRows) {
       if (vec && stage_bytes(kUpl) % 16 == 0)
-        matmul_gguf_kernel<T, true, kFewRows, kUpl>
-            <<<grid, kWarps * 32, 0, stream>>>(w, rb, n_units, x, n_in, no, nr, y);
+        go(matmul_gguf_kernel<T, true, kFewRows, kUpl>);
       else
-        matmul_gguf_kernel<T, false, kFewRows, kUpl>
-            <<<grid, kWarps * 32, 0, stream>>>(w, rb, n_units, x, n_in, no, nr, y);
+        go(matmul_gguf_kernel<T, false, kFewRows, kUpl>);
     } else if (vec && stage_bytes(1) % 16 == 0) {
-      matmul_gguf_kernel<T, true, kRowGroup, 1>
-          <<<grid, kWarps * 32, 0, stream>>>(w, rb, n_units, x, n_in, no, nr, y);
+      go(matmul_gguf_kernel<T, true, kRowGroup, 1>);
     } else {
-      matmul_gguf_kernel<T, false, kRowGroup, 1>
-          <<<grid, kWarps * 32, 0, stream>>>(w, rb, n_units, x, n_in, no, nr, y);
+      go(matmul_gguf_kernel<T, false, kRowGroup, 1>);
     }
-    FERRY_CUDA_LAUNCHED("matmul_gguf_kernel");
   });
 }
 

@@ -390,6 +390,7 @@ __device__ __forceinline__ void k_loop(const Params& p, const Target& t, uint32_
 template <DType T, int BM, int BN, int WM, int WN, int STAGES>
 __global__ void __launch_bounds__(Tile<T, BM, BN, WM, WN, STAGES>::kThreads)
     matmul_q8_kernel(const Params p) {
+  detail::dependency_wait();
   const Target t = select(p);
   using Tl = Tile<T, BM, BN, WM, WN, STAGES>;
   const uint32_t r0 = (blockIdx.x % p.row_tiles) * BN;
@@ -596,7 +597,8 @@ __global__ void __launch_bounds__(kVWarps * 32) matvec_q8_kernel(const Params p)
   float y[CPW];  // lane r < NR: row r's sum for each of the warp's columns
 #pragma unroll
   for (int c = 0; c < CPW; ++c) y[c] = 0.0f;
-  issue(0);
+  issue(0);  // weights only: may run before the wait
+  detail::dependency_wait();
   for (uint32_t i = 0; i < n_items; ++i) {
     const uint32_t ch = i / CPW, c = i % CPW, j = jw + c;
     const uint32_t n = min(n_sb - ch * kVChunk, static_cast<uint32_t>(kVChunk));
@@ -664,8 +666,8 @@ void launch(Params p, int bm, int threads, size_t smem, cudaStream_t stream) {
   }
   FERRY_CHECK(size_t{p.row_tiles} * col_tiles <= 0x7fffffffu, "matmul_q8",
               "too many tiles: n_rows=", p.n_rows, " column tiles=", col_tiles);
-  Kernel<<<static_cast<unsigned>(p.row_tiles * col_tiles), threads, smem, stream>>>(p);
-  FERRY_CUDA_LAUNCHED("matmul_q8");
+  detail::launch("matmul_q8", Kernel, static_cast<unsigned>(p.row_tiles * col_tiles), threads, smem,
+                 stream, p);
 }
 
 template <int BM, int BN, int WM, int WN, int STAGES>
@@ -731,6 +733,7 @@ constexpr unsigned kQuantWarps = 8;
 __global__ void __launch_bounds__(kQuantWarps * 32)
     quantize_q8_kernel(const float* __restrict__ x, size_t n_blocks, int8_t* __restrict__ codes,
                        float* __restrict__ d, float* __restrict__ dsum) {
+  detail::dependency_wait();
   const size_t blk = size_t{blockIdx.x} * kQuantWarps + threadIdx.x / 32;
   if (blk >= n_blocks) return;
   const unsigned lane = threadIdx.x % 32;
@@ -848,9 +851,8 @@ void quantize_q8(const float* x, size_t n_rows, size_t n_in, int8_t* codes, floa
   if (n_blocks == 0) return;
   const size_t grid = (n_blocks + q8::kQuantWarps - 1) / q8::kQuantWarps;
   FERRY_CHECK(grid <= 0x7fffffffu, "quantize_q8", n_rows, " rows of ", n_in, " too large");
-  q8::quantize_q8_kernel<<<static_cast<unsigned>(grid), q8::kQuantWarps * 32, 0, stream>>>(
-      x, n_blocks, codes, d, dsum);
-  FERRY_CUDA_LAUNCHED("quantize_q8_kernel");
+  detail::launch("quantize_q8_kernel", q8::quantize_q8_kernel, static_cast<unsigned>(grid),
+                 q8::kQuantWarps * 32, 0, stream, x, n_blocks, codes, d, dsum);
 }
 
 void matmul_q8_many(std::span<const uint8_t* const> w, DType type, size_t n_in,

@@ -280,9 +280,17 @@ __global__ void __launch_bounds__(Tile<BM, BN, WM, WN, BK, STAGES>::kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
 
+  // The first stages' weights are requested before the dependency wait
+  // (weights are constant: with dependent launch they stream while the
+  // previous kernel finishes), the activations after it. Group s holds
+  // stage s's activations (group 0 also every prologue weight copy), so the
+  // loop's wait counts are those of one group per stage.
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) wcopy.issue(smem + s * kStageBytes, s, n_in);
+  detail::dependency_wait();
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    issue(s, s);
+    xcopy.issue(smem + s * kStageBytes + BM * BK * 2, s, n_in);
     cp_async_commit();
   }
   cp_async_wait<STAGES - 2>();
@@ -362,10 +370,9 @@ struct Variant {
     const size_t row_tiles = (a.n_rows + BN - 1) / BN;
     FERRY_CHECK(row_tiles * col_tiles <= 0x7fffffffu, "matmul_tc",
                 "too many tiles: n_rows=", a.n_rows, " column tiles=", col_tiles);
-    kernel<<<static_cast<unsigned>(row_tiles * col_tiles), T::kThreads, T::kSmemBytes, a.stream>>>(
-        ws, a.x, static_cast<uint32_t>(a.n_in), static_cast<uint32_t>(a.n_rows),
-        static_cast<uint32_t>(row_tiles));
-    FERRY_CUDA_LAUNCHED("matmul_tc_kernel");
+    detail::launch("matmul_tc_kernel", kernel, static_cast<unsigned>(row_tiles * col_tiles),
+                   T::kThreads, T::kSmemBytes, a.stream, ws, a.x, static_cast<uint32_t>(a.n_in),
+                   static_cast<uint32_t>(a.n_rows), static_cast<uint32_t>(row_tiles));
   }
 };
 

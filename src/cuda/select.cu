@@ -7,6 +7,7 @@
 #include <cfloat>
 #include <climits>
 
+#include "cuda/common_impl.cuh"
 #include "cuda/cuda_ops.h"
 
 namespace ferry::cuda {
@@ -35,6 +36,7 @@ __global__ void select_kernel(const float* __restrict__ logits, size_t vocab,
                               const SelectJob* __restrict__ jobs, size_t stride,
                               model::TopLogit* __restrict__ top, uint32_t* __restrict__ count,
                               float* __restrict__ lse_max, double* __restrict__ lse_sum) {
+  detail::dependency_wait();
   const SelectJob job = jobs[blockIdx.x];
   if (job.top_n == 0 && !job.lse) return;
   const float* row = logits + static_cast<size_t>(blockIdx.x) * vocab;
@@ -200,9 +202,8 @@ void select_logits(const float* logits, size_t n_rows, size_t vocab, const Selec
                    size_t stride, model::TopLogit* top, uint32_t* count, float* lse_max,
                    double* lse_sum, cudaStream_t stream) {
   if (n_rows == 0) return;
-  select_kernel<<<static_cast<unsigned>(n_rows), kThreads, 0, stream>>>(
-      logits, vocab, jobs, stride, top, count, lse_max, lse_sum);
-  check(cudaGetLastError(), "select_logits", __FILE__, __LINE__);
+  detail::launch("select_logits", select_kernel, static_cast<unsigned>(n_rows), kThreads, 0, stream,
+                 logits, vocab, jobs, stride, top, count, lse_max, lse_sum);
 }
 
 }  // namespace ferry::cuda

@@ -17,6 +17,7 @@
 #include <random>
 
 #include "cuda/cuda_backend.h"
+#include "cuda/cuda_ops.h"
 #include "model/schedule_harness.h"
 
 namespace ferry::model {
@@ -267,48 +268,100 @@ TEST(GpuOutputs, ReducedStepsMatchWholeRows) {
   }
 }
 
-// Steps replayed from CUDA graphs give the bits of steps launched kernel by
-// kernel: decode steps of one shape (the second captures, later ones
-// replay), then a row leaves (a new shape) and the cache grows past its
-// first allocation while graphs replay.
-TEST(GpuGraphs, ReplayedStepsMatchDirectOnes) {
-  const std::string path = test::data_path("models/tiny-llama-q4_k.gguf");
-  auto direct = gpu_model(path, true, false);
-  auto graphed = gpu_model(path, true, true);
+// Three prompts prefilled, then greedy decode steps (each model feeds back
+// its own argmax); at step 30 the middle row leaves (a new step shape) and
+// the cache grows past its first allocation. Returns every step's logits,
+// concatenated, and the steps' offsets into them.
+std::vector<float> greedy_steps(const Model& m, int steps, std::vector<size_t>* offsets) {
   ThreadPool pool(2);
   kernels::Context ctx{&pool, best_cpu_path()};
   const kv::KvSpec spec =
-      direct->config().kv_spec(kernels::KvFormat::affine(4, 64), kernels::KvFormat::f16());
-  kv::BatchKv a(spec, direct->kv_allocator()), b(spec, graphed->kv_allocator());
+      m.config().kv_spec(kernels::KvFormat::affine(4, 64), kernels::KvFormat::f16());
+  kv::BatchKv kv(spec, m.kv_allocator());
   const std::vector<std::vector<int32_t>> prompts = {{5, 9, 2, 7}, {3, 1}, {8, 8, 8, 1, 2}};
   std::vector<size_t> lens;
   for (const auto& p : prompts) lens.push_back(p.size());
-  a.prepare_prefill(lens);
-  b.prepare_prefill(lens);
+  kv.prepare_prefill(lens);
   std::vector<RowInput> in;
   for (const auto& p : prompts) in.push_back(RowInput{p});
-  const size_t V = direct->config().vocab_size;
-  std::vector<float> la, lb;
+  const size_t V = m.config().vocab_size;
+  std::vector<float> all, logits;
   std::vector<int32_t> next(prompts.size());
-  for (int step = 0; step < 80; ++step) {
+  for (int step = 0; step < steps; ++step) {
     if (step == 30) {  // the middle row leaves
       const std::vector<size_t> keep = {0, 2};
-      a.filter(keep);
-      b.filter(keep);
+      kv.filter(keep);
       next = {next[0], next[2]};
       in.resize(2);
     }
-    direct->forward(ctx, a, in, la);
-    graphed->forward(ctx, b, in, lb);
-    if (step == 0) {
-      a.finalize_prefill();
-      b.finalize_prefill();
-    }
-    ASSERT_EQ(la.size(), lb.size());
-    ASSERT_EQ(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)), 0) << "step " << step;
+    m.forward(ctx, kv, in, logits);
+    if (step == 0) kv.finalize_prefill();
+    if (offsets) offsets->push_back(all.size());
+    all.insert(all.end(), logits.begin(), logits.end());
     for (size_t o = 0; o < in.size(); ++o) {
-      next[o] = static_cast<int32_t>(argmax(&la[o * V], V));
+      next[o] = static_cast<int32_t>(argmax(&logits[o * V], V));
       in[o] = RowInput{std::span<const int32_t>(&next[o], 1)};
+    }
+  }
+  return all;
+}
+
+// The first step whose logits differ, or -1.
+int first_different_step(const std::vector<float>& a, const std::vector<float>& b,
+                         const std::vector<size_t>& offsets) {
+  if (a.size() != b.size()) return 0;
+  for (size_t s = 0; s < offsets.size(); ++s) {
+    const size_t end = s + 1 < offsets.size() ? offsets[s + 1] : a.size();
+    if (std::memcmp(&a[offsets[s]], &b[offsets[s]], (end - offsets[s]) * sizeof(float)) != 0)
+      return static_cast<int>(s);
+  }
+  return -1;
+}
+
+// Steps replayed from CUDA graphs give the bits of steps launched kernel by
+// kernel: decode steps of one shape (the second captures, later ones
+// replay), then a new shape while graphs replay.
+TEST(GpuGraphs, ReplayedStepsMatchDirectOnes) {
+  const std::string path = test::data_path("models/tiny-llama-q4_k.gguf");
+  std::vector<size_t> offsets;
+  const std::vector<float> direct = greedy_steps(*gpu_model(path, true, false), 80, &offsets);
+  const std::vector<float> graphed = greedy_steps(*gpu_model(path, true, true), 80, nullptr);
+  EXPECT_EQ(first_different_step(direct, graphed, offsets), -1);
+}
+
+// Dependent launches (a kernel's blocks starting while the kernel before it
+// finishes, the weights' first stages requested before its inputs are
+// ready) change no bit, kernel by kernel and replayed from graphs, on the
+// tensor-core (bf16, f16), int8 (Q4_K) and f32 paths.
+TEST(GpuLaunches, DependentLaunchChangesNoBit) {
+  int dev = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, dev), cudaSuccess);
+  if (prop.major >= 9) {
+    EXPECT_TRUE(cuda::dependent_launch(dev));  // on by default there
+  }
+  struct Case {
+    const char* model;
+    kernels::MatmulMode matmul;
+  };
+  for (const Case c : {Case{"tiny-llama-bf16", kernels::MatmulMode::Exact},
+                       Case{"tiny-llama-f16", kernels::MatmulMode::Exact},
+                       Case{"tiny-llama-q4_k", kernels::MatmulMode::Int8},
+                       Case{"tiny-llama-f32", kernels::MatmulMode::Exact}}) {
+    const std::string path = test::data_path(std::string("models/") + c.model + ".gguf");
+    for (bool graphs : {false, true}) {
+      std::vector<size_t> offsets;
+      cuda::set_dependent_launch(false);
+      const std::vector<float> plain =
+          greedy_steps(*gpu_model(path, true, graphs, c.matmul), 40, &offsets);
+      cuda::set_dependent_launch(true);
+      EXPECT_TRUE(cuda::dependent_launch(dev) || prop.major < 9);
+      const std::vector<float> dependent =
+          greedy_steps(*gpu_model(path, true, graphs, c.matmul), 40, nullptr);
+      cuda::set_dependent_launch(std::nullopt);
+      EXPECT_EQ(first_different_step(plain, dependent, offsets), -1)
+          << c.model << (graphs ? " with graphs" : " kernel by kernel");
     }
   }
 }
