@@ -9,7 +9,8 @@
 // hold them. GB/s counts weights + activations + outputs once; TFLOP/s is
 // 2 n_rows n_out n_in. The ceilings (a 1 GB device copy, counting read +
 // write; cuBLAS on 8192^3 bf16) are measured first, in the same run.
-//   gpu_matmul_bench [--sweep]     (--sweep also times every tile variant)
+//   gpu_matmul_bench [--sweep[=ROWS,...]]  (--sweep also times every tile
+//                                   variant, at ROWS only if given)
 //   gpu_matmul_bench --q8 [--sweep] int8 mode instead: cuda::matmul_q8 on
 //   Q4_K and Q6_K weights (every variant with --sweep), quantize_q8, and
 //   matmul_gguf (exact mode) on the same weights.
@@ -56,7 +57,9 @@ struct Shape {
   size_t n_in, n_out;
 };
 const Shape kShapes[] = {{"qo 4096->4096", 4096, 4096},
+                         {"qkv 4096->6144", 4096, 6144},
                          {"up 4096->14336", 4096, 14336},
+                         {"gateup 4096->28672", 4096, 28672},
                          {"down 14336->4096", 14336, 4096},
                          {"head 4096->128256", 4096, 128256}};
 
@@ -141,9 +144,17 @@ void q8_bench(bool sweep, double copy_gbs) {
 
 int main(int argc, char** argv) {
   bool sweep = false, q8 = false;
+  std::vector<size_t> only_rows;  // --sweep=1,8: sweep these row counts only
   for (int i = 1; i < argc; ++i) {
-    sweep = sweep || std::strcmp(argv[i], "--sweep") == 0;
+    sweep = sweep || std::strncmp(argv[i], "--sweep", 7) == 0;
     q8 = q8 || std::strcmp(argv[i], "--q8") == 0;
+    if (std::strncmp(argv[i], "--sweep=", 8) == 0)
+      for (const char* p = argv[i] + 8; *p != 0;) {
+        char* end = nullptr;
+        only_rows.push_back(std::strtoul(p, &end, 10));
+        p = *end == ',' ? end + 1 : end;
+        if (end == p && *p != 0) break;
+      }
   }
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -220,6 +231,8 @@ int main(int argc, char** argv) {
 
     if (sweep) {
       for (size_t rows : sweep_rows) {
+        if (!only_rows.empty() && std::find(only_rows.begin(), only_rows.end(), rows) == only_rows.end())
+          continue;
         std::printf("sweep %-18s rows=%3zu:", s.name, rows);
         double best = 1e9;
         size_t best_i = 0;

@@ -400,12 +400,14 @@ using Variants =
                Variant<16, 8, 1, 1, 128, 4>,    // 15 S16x8s4   24 KB, 1 warp
                Variant<64, 16, 4, 1, 128, 4>,   // 16 S64x16*   80 KB
                Variant<64, 32, 4, 1, 128, 4>,   // 17 S64x32*   96 KB
-               Variant<64, 8, 4, 1, 256, 3>>;   // 18 S64x8k256 108 KB
+               Variant<64, 8, 4, 1, 256, 3>,    // 18 S64x8k256* 108 KB
+               Variant<32, 8, 2, 1, 256, 4>>;   // 19 S32x8k256* 80 KB
 
 constexpr const char* kNames[] = {"S16x8",   "S32x8",    "S64x8",      "S16x16",   "S32x16",
                                   "S16x32",  "S32x32",   "M32x64",     "M64x64",   "L128x64",
                                   "L64x128", "L128x128", "L128x128w4", "L256x128", "S16x8k256",
-                                  "S16x8s4", "S64x16",   "S64x32",     "S64x8k256"};
+                                  "S16x8s4", "S64x16",   "S64x32",     "S64x8k256",
+                                  "S32x8k256"};
 constexpr size_t kN = std::tuple_size_v<Variants>;
 static_assert(std::size(kNames) == kN);
 
@@ -442,15 +444,26 @@ const TileConfig& config(size_t i) {
 size_t choose_config(size_t n_in, size_t n_out, size_t n_rows) {
   (void)n_in;
   constexpr size_t kMinCtas = 100;
+  if (n_rows <= 8) {
+    // Decode of a few streams. Measured with dependent launch (2026-12-01,
+    // --sweep=1): stages of 256 k (512 bytes of each weight row per
+    // stage) beat 128 k by 5-15% on the 8B shapes, the head aside, whose
+    // 2,000 CTAs of S64x8 already stream at the copy bandwidth; S64x8
+    // itself lost 30% on 4096 -> 14336 (its CTAs three to an SM).
+    const size_t ctas64 = (n_out + 63) / 64, ctas32 = (n_out + 31) / 32;
+    if (ctas64 >= 1000) return 2;         // S64x8
+    if (ctas64 >= 200) return 18;         // S64x8k256
+    if (ctas32 >= kMinCtas) return 19;    // S32x8k256
+    return 0;                             // S16x8
+  }
   // Indices into Variants (names in kNames). The last (finest) entries only
   // matter for n_out below the measured shapes.
-  static constexpr size_t kRows8[] = {2, 0},  // S64x8, S16x8
-      kRows16[] = {16, 4, 3},                 // S64x16, S32x16, S16x16
+  static constexpr size_t kRows16[] = {16, 4, 3},  // S64x16, S32x16, S16x16
       kRows32[] = {17, 4, 3},                 // S64x32, S32x16 (two row tiles), S16x16
       kRows64[] = {9, 17, 4},                 // L128x64, S64x32, S32x16
       kRows128[] = {13, 9, 8, 7},             // L256x128, L128x64, M64x64, M32x64
       kRowsMore[] = {13, 9};                  // L256x128, L128x64
-  static constexpr RowRange kRanges[] = {{8, kRows8},     {16, kRows16},   {32, kRows32},
+  static constexpr RowRange kRanges[] = {{16, kRows16},   {32, kRows32},
                                          {64, kRows64},   {128, kRows128}, {SIZE_MAX, kRowsMore}};
   return pick_tile(kRanges, config, n_out, n_rows, kMinCtas);
 }

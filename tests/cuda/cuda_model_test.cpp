@@ -276,7 +276,9 @@ std::vector<float> greedy_steps(const Model& m, int steps, std::vector<size_t>* 
   ThreadPool pool(2);
   kernels::Context ctx{&pool, best_cpu_path()};
   const kv::KvSpec spec =
-      m.config().kv_spec(kernels::KvFormat::affine(4, 64), kernels::KvFormat::f16());
+      m.config().kv_spec(m.config().head_dim % 64 == 0 ? kernels::KvFormat::affine(4, 64)
+                                                       : kernels::KvFormat::f16(),
+                         kernels::KvFormat::f16());
   kv::BatchKv kv(spec, m.kv_allocator());
   const std::vector<std::vector<int32_t>> prompts = {{5, 9, 2, 7}, {3, 1}, {8, 8, 8, 1, 2}};
   std::vector<size_t> lens;
