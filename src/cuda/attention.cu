@@ -340,6 +340,13 @@ __device__ __forceinline__ void tile_staged(const float* q_s, const SideView& K,
 
 // q_s[h][D] = the job's query heads h0 .. h0 + gh - 1 (zeros past gh), by
 // threads first, first + step, ...
+// Writes output element i (= head * D + dim) of a job, and its bf16
+// rounding where the job asks for one.
+__device__ __forceinline__ void store_out(const AttentionJob& job, size_t i, float v) {
+  job.out[i] = v;
+  if (job.out_bf16) job.out_bf16[i] = f2bf(v);
+}
+
 template <int kG>
 __device__ __forceinline__ void load_query(float* q_s, const AttentionJob& job, uint32_t h0,
                                            int gh, uint32_t D, uint32_t first, uint32_t step) {
@@ -452,7 +459,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32, kMinBlocks)
   for (uint32_t i = threadIdx.x; i < gh * D; i += kBlockWarps * 32) {
     const uint32_t h = i / D;
     const float inv = l_s[h] > 0.0f ? __fdiv_rn(1.0f, l_s[h]) : 0.0f;  // no keys: zeros
-    job.out[size_t{h0 + h} * D + i % D] = __fmul_rn(acc_s[i], inv);
+    store_out(job, size_t{h0 + h} * D + i % D, __fmul_rn(acc_s[i], inv));
   }
 }
 
@@ -510,9 +517,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   for (int h = 0; h < kG; ++h) {
     if (h >= gh) break;
     const float inv = run.l[h] > 0.0f ? __fdiv_rn(1.0f, run.l[h]) : 0.0f;
-    float* o = job.out + size_t{h0 + h} * D + d0;
+    const size_t o = size_t{h0 + h} * D + d0;
 #pragma unroll
-    for (int e = 0; e < kE; ++e) o[e] = __fmul_rn(run.acc[h][e], inv);
+    for (int e = 0; e < kE; ++e) store_out(job, o + e, __fmul_rn(run.acc[h][e], inv));
   }
 }
 
@@ -599,7 +606,7 @@ __global__ void __launch_bounds__(256)
   const float* base = split_state(const_cast<float*>(ws), blockIdx.x, h, gridDim.y, 0, D);
   const size_t pitch = D + 2;
   if (n_virtual == 0) {  // a job without keys writes zeros
-    if (v_lane) job.out[size_t{h} * D + d] = 0.0f;
+    if (v_lane) store_out(job, size_t{h} * D + d, 0.0f);
     return;
   }
   // M(w) by a max-scan over the block's first kVirtual threads (blockDim >=
@@ -647,7 +654,7 @@ __global__ void __launch_bounds__(256)
   }
   if (!v_lane) return;
   const float inv = l_run > 0.0f ? __fdiv_rn(1.0f, l_run) : 0.0f;
-  job.out[size_t{h} * D + d] = __fmul_rn(acc_run, inv);
+  store_out(job, size_t{h} * D + d, __fmul_rn(acc_run, inv));
 }
 
 template <int kE>

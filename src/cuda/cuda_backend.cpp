@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <new>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -251,6 +252,7 @@ class CudaBackend final : public model::Backend {
     shifts_state_ = 0;
     step_writes_ = nullptr;
     step_jobs_ = nullptr;
+    pending_rope_ = {};  // (a step that failed left it)
     if (profile_) profile_->begin_step();  // (before a capture starts)
     begin_graph(sizes);
   }
@@ -290,10 +292,14 @@ class CudaBackend final : public model::Backend {
     const uint16_t* b = nullptr;
   };
   uint16_t* bf16_copy_for(const float* x, size_t n_rows, size_t n) {
-    if (!dense_weights_ || !(opts_.deterministic || n_rows <= kFastMatvecRows)) return nullptr;
-    uint16_t* b = static_cast<uint16_t*>(xtc_.get(n * 2, stream_));
-    bf16_copy_ = {x, n, b};
+    uint16_t* b = bf16_buffer(n_rows, n);
+    if (b) bf16_copy_ = {x, n, b};
     return b;
+  }
+  // Where such a copy of n values goes, or null when no product would read it.
+  uint16_t* bf16_buffer(size_t n_rows, size_t n) {
+    if (!dense_weights_ || !(opts_.deterministic || n_rows <= kFastMatvecRows)) return nullptr;
+    return static_cast<uint16_t*>(xtc_.get(n * 2, stream_));
   }
 
   void matmul(const kernels::WeightView& w, const float* x, size_t n_rows, float* y) override {
@@ -379,9 +385,30 @@ class CudaBackend final : public model::Backend {
       staged_pos_n_ = host_pos.size();
     }
     if (replaying()) return;
-    mark("rope");
-    const int32_t* pos = staged_pos_;
-    cuda::rope(x, host_pos.size(), n_heads, head_dim, pos, inv_freq, stream_);
+    const PendingRope r{x, n_heads, head_dim, host_pos.size(), staged_pos_, inv_freq};
+    if (pending_rope_.x && pending_rope_.head_dim == head_dim && pending_rope_.rows == r.rows &&
+        pending_rope_.pos == r.pos && pending_rope_.inv_freq == inv_freq) {
+      // The second of q and k: both in one launch.
+      const PendingRope first = std::exchange(pending_rope_, PendingRope{});
+      mark("rope");
+      cuda::rope2(first.x, first.heads, x, n_heads, r.rows, head_dim, r.pos, inv_freq, stream_);
+      return;
+    }
+    mark("rope");  // (launches an older pending one first)
+    pending_rope_ = r;
+  }
+  // A rope held back to share a launch with the next one; any other op
+  // (profile_mark) or the step's end launches it alone first.
+  struct PendingRope {
+    float* x = nullptr;
+    size_t heads = 0, head_dim = 0, rows = 0;
+    const int32_t* pos = nullptr;
+    const float* inv_freq = nullptr;
+  };
+  void flush_rope() {
+    if (!pending_rope_.x) return;
+    const PendingRope p = std::exchange(pending_rope_, PendingRope{});
+    cuda::rope(p.x, p.rows, p.heads, p.head_dim, p.pos, p.inv_freq, stream_);
   }
 
   void silu_mul(float* gate, const float* up, size_t n) override {
@@ -439,6 +466,8 @@ class CudaBackend final : public model::Backend {
   void attention(const kv::BatchKv& kv, size_t layer, std::span<const model::TokenPlace> places,
                  const kernels::AttentionShape& shape, const float* q, float* out) override {
     const size_t q_dim = shape.n_heads * shape.head_dim;
+    // The output's bf16 copy for the o projection, written by the kernel.
+    uint16_t* const ob = bf16_buffer(places.size(), places.size() * q_dim);
     auto build = [&](size_t from_layer) {
       jobs_.resize(places.size());
       for (size_t t = 0; t < places.size(); ++t) {
@@ -448,6 +477,7 @@ class CudaBackend final : public model::Backend {
         AttentionJob& j = jobs_[t];
         j.q = q + t * q_dim;
         j.out = out + t * q_dim;
+        j.out_bf16 = ob ? ob + t * q_dim : nullptr;
         j.k = ks;
         j.v = vs;
         j.seg[0] = task.seg[0];
@@ -457,12 +487,13 @@ class CudaBackend final : public model::Backend {
     };
     const AttentionJob* d = nullptr;
     // The expanded list holds this step's q and out: reuse it only for them.
-    if ((step_jobs_ && step_jobs_q_ == q && step_jobs_out_ == out) ||
+    if ((step_jobs_ && step_jobs_q_ == q && step_jobs_out_ == out && step_jobs_bf16_ == ob) ||
         (!step_jobs_ && layer_shifts(kv, places))) {
       if (!step_jobs_) {
         step_jobs_ = expand_step(build(shift_base_), places.size(), step_jobs_buf_);
         step_jobs_q_ = q;
         step_jobs_out_ = out;
+        step_jobs_bf16_ = ob;
       }
       d = step_jobs_ + layer * places.size();
     } else {
@@ -474,6 +505,7 @@ class CudaBackend final : public model::Backend {
     float* w = ws ? static_cast<float*>(attn_ws_.get(ws * sizeof(float), stream_)) : nullptr;
     if (replaying()) return;
     mark("attention");
+    if (ob) bf16_copy_ = {out, places.size() * q_dim, ob};
     cuda::attention(d, places.size(), shape, w, stream_);
   }
 
@@ -721,6 +753,7 @@ class CudaBackend final : public model::Backend {
     profile_mark(op);
   }
   void profile_mark(const char* op) {
+    flush_rope();
     if (profile_ && mode_ == Mode::Direct) profile_->mark(op);
   }
 
@@ -771,6 +804,7 @@ class CudaBackend final : public model::Backend {
   // Before the step's outputs are read: end a capture (and launch what it
   // recorded) or launch the replayed graph.
   void end_graph() {
+    flush_rope();
     if (mode_ == Mode::Capture) {
       cudaGraph_t graph = nullptr;
       FERRY_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
@@ -825,6 +859,8 @@ class CudaBackend final : public model::Backend {
   AttentionJob* step_jobs_ = nullptr;
   const float* step_jobs_q_ = nullptr;
   const float* step_jobs_out_ = nullptr;
+  const uint16_t* step_jobs_bf16_ = nullptr;
+  PendingRope pending_rope_;
   std::unique_ptr<StepProfile> profile_;
   size_t n_tokens_ = 0;  // this step's token rows
   Graph* graph_ = nullptr;

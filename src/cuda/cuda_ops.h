@@ -50,6 +50,11 @@ void add_rmsnorm(float* x, const float* y, const float* w, size_t n_rows, size_t
 // fast intrinsics).
 void rope(float* x, size_t n_rows, size_t n_heads, size_t head_dim, const int32_t* pos,
           const float* inv_freq, cudaStream_t stream);
+// rope of a [n_rows, a_heads, head_dim] and b [n_rows, b_heads, head_dim]
+// (b may be null) by the same positions in one launch; each bit-identical
+// to its own rope call.
+void rope2(float* a, size_t a_heads, float* b, size_t b_heads, size_t n_rows, size_t head_dim,
+           const int32_t* pos, const float* inv_freq, cudaStream_t stream);
 
 // gate[i] = silu(gate[i]) * up[i] (and its bf16 rounding in gate_bf16 if
 // given, as rmsnorm's out_bf16);  x[i] += y[i].
@@ -142,6 +147,9 @@ void kv_store(const KvWrite* writes, size_t n_writes, size_t n_kv_heads, size_t 
 struct AttentionJob {
   const float* q = nullptr;  // [n_heads, head_dim]
   float* out = nullptr;      // [n_heads, head_dim]
+  // Optional: out's values rounded to bf16 here too (f32_to_bf16 of out),
+  // for the tensor-core product that reads them next.
+  uint16_t* out_bf16 = nullptr;
   kernels::KvSide k, v;
   kernels::KeySegment seg[2];
 };

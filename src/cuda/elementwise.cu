@@ -3,6 +3,8 @@
 // explicitly rounded intrinsics, so nvcc's FMA contraction cannot change it;
 // only rmsnorm's sum of squares (a block tree) and the libm-style functions
 // (expf, cosf, sinf: within 2 ulp of the CPU's) differ from the CPU.
+#include <algorithm>
+
 #include "core/error.h"
 #include "cuda/common_impl.cuh"
 
@@ -11,87 +13,169 @@ namespace {
 
 using namespace detail;
 
-// One block per row. Thread t sums x[i]^2 for i = t, t + 256, ... with FMA in
-// increasing i, then the block reduces the 256 partials by a fixed tree
-// (warp butterflies, then warp 0 over the 8 warp sums). The order depends
-// only on dim, so a row's result is the same in any batch. With y, x[i] +=
-// y[i] first (written back; the norm is of the sum); with out_bf16, the
-// output's bf16 rounding is written there too (what f32_to_bf16 of out
-// gives), for the tensor-core product that reads it next. A thread's loads
-// go out in runs of 8 (a row is one block: its latency is the step's).
-constexpr int kNormThreads = 256;
-__global__ void __launch_bounds__(kNormThreads)
-    rmsnorm_kernel(float* x, const float* y, const float* w, uint32_t dim, float eps, float* out,
-                   uint16_t* out_bf16) {
+// One block of kNormThreads per row. The row is cut into pieces of 4
+// elements (the last one shorter when dim % 4 != 0); thread t owns pieces
+// t, t + kNormThreads, ... and sums x[i]^2 over them with FMA in
+// increasing i; the block reduces the partials by a fixed tree (warp
+// butterflies, then warp 0 over the warp sums). The order depends only on
+// dim, so a row's result is the same in any batch (and whichever load path
+// below runs: both do this arithmetic). With y, x[i] += y[i] first (written
+// back; the norm is of the sum); with out_bf16, the output's bf16 rounding
+// is written there too (what f32_to_bf16 of out gives), for the tensor-core
+// product that reads it next.
+//
+// Rows of up to kNormThreads * kRegPieces pieces (8192 elements) stay in
+// registers: each thread issues all its loads at once (w's before the
+// dependency wait: it is a weight), so a row costs one memory round trip
+// before the reduction; longer rows read x again for the output. 16-byte
+// loads when dim % 4 == 0 and the rows are 16-byte aligned.
+constexpr int kNormThreads = 512, kRegPieces = 4;
+
+struct Piece {
+  float v[4];
+};
+template <bool kVec>
+__device__ __forceinline__ Piece load_piece(const float* p, uint32_t n) {
+  Piece r;
+  if constexpr (kVec) {
+    const float4 f = *reinterpret_cast<const float4*>(p);
+    r.v[0] = f.x, r.v[1] = f.y, r.v[2] = f.z, r.v[3] = f.w;
+  } else {
+#pragma unroll
+    for (uint32_t k = 0; k < 4; ++k) r.v[k] = k < n ? p[k] : 0.0f;
+  }
+  return r;
+}
+template <bool kVec>
+__device__ __forceinline__ void store_piece(float* p, const Piece& r, uint32_t n) {
+  if constexpr (kVec) {
+    *reinterpret_cast<float4*>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
+  } else {
+#pragma unroll
+    for (uint32_t k = 0; k < 4; ++k)
+      if (k < n) p[k] = r.v[k];
+  }
+}
+template <bool kVec>
+__device__ __forceinline__ void store_piece_bf16(uint16_t* p, const Piece& r, uint32_t n) {
+  if constexpr (kVec) {
+    *reinterpret_cast<uint2*>(p) =
+        make_uint2(f2bf(r.v[0]) | (static_cast<uint32_t>(f2bf(r.v[1])) << 16),
+                   f2bf(r.v[2]) | (static_cast<uint32_t>(f2bf(r.v[3])) << 16));
+  } else {
+#pragma unroll
+    for (uint32_t k = 0; k < 4; ++k)
+      if (k < n) p[k] = f2bf(r.v[k]);
+  }
+}
+
+// 1 / sqrt(sum / dim + eps) from each thread's partial sum of squares (the
+// CPU formula, each step IEEE-rounded), the same value in every thread.
+__device__ __forceinline__ float norm_scale(float ss, uint32_t dim, float eps) {
   __shared__ float warp_ss[kNormThreads / 32];
   __shared__ float scale_s;
-  dependency_wait();
-  float* xr = x + size_t{blockIdx.x} * dim;
-  const float* yr = y ? y + size_t{blockIdx.x} * dim : nullptr;
-  // Thread t's elements t, t + 256, ... in runs of kRun, each run's loads
-  // issued before its stores (x, y and out may alias, so the compiler
-  // would not hoist them itself).
-  constexpr uint32_t kRun = 8;
-  float ss = 0.0f;
-  for (uint32_t i0 = threadIdx.x; i0 < dim; i0 += kRun * kNormThreads) {
-    float v[kRun];
-#pragma unroll
-    for (uint32_t k = 0; k < kRun; ++k) {
-      const uint32_t i = i0 + k * kNormThreads;
-      v[k] = i < dim ? (yr ? __fadd_rn(xr[i], yr[i]) : xr[i]) : 0.0f;
-    }
-#pragma unroll
-    for (uint32_t k = 0; k < kRun; ++k) {
-      const uint32_t i = i0 + k * kNormThreads;
-      if (i < dim) {
-        if (yr) xr[i] = v[k];  // read back below by this thread only
-        ss = __fmaf_rn(v[k], v[k], ss);
-      }
-    }
-  }
   ss = warp_sum(ss);
   if (threadIdx.x % 32 == 0) warp_ss[threadIdx.x / 32] = ss;
   __syncthreads();
   if (threadIdx.x < 32) {
     float v = threadIdx.x < kNormThreads / 32 ? warp_ss[threadIdx.x] : 0.0f;
     v = warp_sum(v);
-    // The CPU formula: 1 / sqrt(ss / dim + eps), each step IEEE-rounded.
     if (threadIdx.x == 0)
       scale_s = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(v, static_cast<float>(dim)), eps)));
   }
   __syncthreads();  // also orders every read of x before the writes (out may alias x)
-  const float scale = scale_s;
+  return scale_s;
+}
+
+template <bool kVec, bool kInRegs>
+__global__ void __launch_bounds__(kNormThreads)
+    rmsnorm_kernel(float* x, const float* y, const float* w, uint32_t dim, float eps, float* out,
+                   uint16_t* out_bf16) {
+  const uint32_t n_pieces = (dim + 3) / 4, t = threadIdx.x;
+  auto len = [&](uint32_t p) { return min(4u, dim - 4 * p); };
+  Piece wv[kRegPieces];
+  if constexpr (kInRegs) {
+#pragma unroll
+    for (int k = 0; k < kRegPieces; ++k) {
+      const uint32_t p = t + k * kNormThreads;
+      if (p < n_pieces) wv[k] = load_piece<kVec>(w + 4 * p, len(p));
+    }
+  }
+  dependency_wait();
+  float* xr = x + size_t{blockIdx.x} * dim;
+  const float* yr = y ? y + size_t{blockIdx.x} * dim : nullptr;
   float* o = out + size_t{blockIdx.x} * dim;
   uint16_t* ob = out_bf16 ? out_bf16 + size_t{blockIdx.x} * dim : nullptr;
-  for (uint32_t i0 = threadIdx.x; i0 < dim; i0 += kRun * kNormThreads) {
-    float v[kRun];
+  float ss = 0.0f;
+  // Pieces p0, p0 + kNormThreads, ... (kRegPieces of them) of this thread:
+  // loaded (x + y, written back), summed in order.
+  auto sum_run = [&](uint32_t p0, Piece (&v)[kRegPieces]) {
 #pragma unroll
-    for (uint32_t k = 0; k < kRun; ++k) {
-      const uint32_t i = i0 + k * kNormThreads;
-      v[k] = i < dim ? __fmul_rn(__fmul_rn(xr[i], scale), w[i]) : 0.0f;
-    }
+    for (int k = 0; k < kRegPieces; ++k) {
+      const uint32_t p = p0 + k * kNormThreads;
+      if (p < n_pieces) {
+        v[k] = load_piece<kVec>(xr + 4 * p, len(p));
+        if (yr) {
+          const Piece b = load_piece<kVec>(yr + 4 * p, len(p));
 #pragma unroll
-    for (uint32_t k = 0; k < kRun; ++k) {
-      const uint32_t i = i0 + k * kNormThreads;
-      if (i < dim) {
-        o[i] = v[k];
-        if (ob) ob[i] = f2bf(v[k]);
+          for (int e = 0; e < 4; ++e) v[k].v[e] = __fadd_rn(v[k].v[e], b.v[e]);
+        }
       }
     }
+#pragma unroll
+    for (int k = 0; k < kRegPieces; ++k) {
+      const uint32_t p = p0 + k * kNormThreads;
+      if (p < n_pieces) {
+        if (yr) store_piece<kVec>(xr + 4 * p, v[k], len(p));  // read back by this thread only
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (static_cast<uint32_t>(e) < len(p)) ss = __fmaf_rn(v[k].v[e], v[k].v[e], ss);
+      }
+    }
+  };
+  auto write = [&](uint32_t p, Piece v, const Piece& wp, float scale) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v.v[e] = __fmul_rn(__fmul_rn(v.v[e], scale), wp.v[e]);
+    store_piece<kVec>(o + 4 * p, v, len(p));
+    if (ob) store_piece_bf16<kVec>(ob + 4 * p, v, len(p));
+  };
+  constexpr uint32_t kRun = kRegPieces * kNormThreads;
+  if constexpr (kInRegs) {
+    Piece v[kRegPieces];
+    sum_run(t, v);
+    const float scale = norm_scale(ss, dim, eps);
+#pragma unroll
+    for (int k = 0; k < kRegPieces; ++k) {
+      const uint32_t p = t + k * kNormThreads;
+      if (p < n_pieces) write(p, v[k], wv[k], scale);
+    }
+  } else {
+    for (uint32_t p0 = t; p0 < n_pieces; p0 += kRun) {
+      Piece v[kRegPieces];
+      sum_run(p0, v);
+    }
+    const float scale = norm_scale(ss, dim, eps);
+    for (uint32_t p = t; p < n_pieces; p += kNormThreads)
+      write(p, load_piece<kVec>(xr + 4 * p, len(p)), load_piece<kVec>(w + 4 * p, len(p)), scale);
   }
 }
 
-// One thread per (row, head, pair): pairs (2i, 2i+1) rotate by pos[row] * inv_freq[i].
-__global__ void rope_kernel(float* x, size_t n_pairs, uint32_t n_heads, uint32_t half,
-                            const int32_t* pos, const float* inv_freq) {
+// One thread per (row, head, pair) of a, then of b (two tensors rotated by
+// the same positions in one launch: q and k): pairs (2i, 2i+1) rotate by
+// pos[row] * inv_freq[i].
+__global__ void rope_kernel(float* a, size_t a_pairs, uint32_t a_heads, float* b, size_t b_pairs,
+                            uint32_t b_heads, uint32_t half, const int32_t* pos,
+                            const float* inv_freq) {
   dependency_wait();
-  for (size_t t = blockIdx.x * size_t{blockDim.x} + threadIdx.x; t < n_pairs;
+  for (size_t t = blockIdx.x * size_t{blockDim.x} + threadIdx.x; t < a_pairs + b_pairs;
        t += size_t{gridDim.x} * blockDim.x) {
-    const uint32_t i = static_cast<uint32_t>(t % half);
-    const size_t row = t / half / n_heads;
+    const bool in_a = t < a_pairs;
+    const size_t u = in_a ? t : t - a_pairs;  // pair u of its tensor
+    const uint32_t i = static_cast<uint32_t>(u % half);
+    const size_t row = u / half / (in_a ? a_heads : b_heads);
     const float theta = __fmul_rn(static_cast<float>(pos[row]), inv_freq[i]);
     const float c = cosf(theta), s = sinf(theta);
-    float2* v = reinterpret_cast<float2*>(x) + t;  // pair t is floats 2t, 2t+1
+    float2* v = reinterpret_cast<float2*>(in_a ? a : b) + u;  // pair u is floats 2u, 2u+1
     const float2 ab = *v;
     *v = make_float2(__fsub_rn(__fmul_rn(ab.x, c), __fmul_rn(ab.y, s)),
                      __fadd_rn(__fmul_rn(ab.x, s), __fmul_rn(ab.y, c)));
@@ -133,8 +217,18 @@ void launch_rmsnorm(float* x, const float* y, const float* w, size_t n_rows, siz
   if (n_rows == 0) return;
   FERRY_CHECK(n_rows <= 0x7fffffffu && dim > 0 && dim <= 0xffffffffu, "rmsnorm", "rows=", n_rows,
               " dim=", dim);
-  launch("rmsnorm_kernel", rmsnorm_kernel, static_cast<unsigned>(n_rows), kNormThreads, 0, stream,
-         x, y, w, static_cast<uint32_t>(dim), eps, out, out_bf16);
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec = dim % 4 == 0 && aligned(x) && aligned(w) && aligned(out) && (!y || aligned(y)) &&
+                   (!out_bf16 || reinterpret_cast<uintptr_t>(out_bf16) % 8 == 0);
+  const bool in_regs = (dim + 3) / 4 <= size_t{kNormThreads} * kRegPieces;
+  auto go = [&](auto kernel) {
+    launch("rmsnorm_kernel", kernel, static_cast<unsigned>(n_rows), kNormThreads, 0, stream, x, y,
+           w, static_cast<uint32_t>(dim), eps, out, out_bf16);
+  };
+  if (vec)
+    in_regs ? go(rmsnorm_kernel<true, true>) : go(rmsnorm_kernel<true, false>);
+  else
+    in_regs ? go(rmsnorm_kernel<false, true>) : go(rmsnorm_kernel<false, false>);
 }
 }  // namespace
 
@@ -151,12 +245,19 @@ void add_rmsnorm(float* x, const float* y, const float* w, size_t n_rows, size_t
 
 void rope(float* x, size_t n_rows, size_t n_heads, size_t head_dim, const int32_t* pos,
           const float* inv_freq, cudaStream_t stream) {
+  rope2(x, n_heads, nullptr, 0, n_rows, head_dim, pos, inv_freq, stream);
+}
+
+void rope2(float* a, size_t a_heads, float* b, size_t b_heads, size_t n_rows, size_t head_dim,
+           const int32_t* pos, const float* inv_freq, cudaStream_t stream) {
   FERRY_CHECK(head_dim % 2 == 0, "rope", "odd head_dim ", head_dim);
-  const size_t n_pairs = n_rows * n_heads * (head_dim / 2);
-  if (n_pairs == 0) return;
-  launch("rope_kernel", rope_kernel, elementwise_blocks(n_pairs, kThreads), kThreads, 0, stream, x,
-         n_pairs, static_cast<uint32_t>(n_heads), static_cast<uint32_t>(head_dim / 2), pos,
-         inv_freq);
+  const size_t a_pairs = n_rows * a_heads * (head_dim / 2);
+  const size_t b_pairs = b ? n_rows * b_heads * (head_dim / 2) : 0;
+  if (a_pairs + b_pairs == 0) return;
+  launch("rope_kernel", rope_kernel, elementwise_blocks(a_pairs + b_pairs, kThreads), kThreads, 0,
+         stream, a, a_pairs, static_cast<uint32_t>(std::max<size_t>(a_heads, 1)), b, b_pairs,
+         static_cast<uint32_t>(std::max<size_t>(b_heads, 1)), static_cast<uint32_t>(head_dim / 2),
+         pos, inv_freq);
 }
 
 void silu_mul(float* gate, const float* up, size_t n, cudaStream_t stream, uint16_t* gate_bf16) {

@@ -218,6 +218,9 @@ void embed(const WeightView& table, std::span<const int32_t> tokens, float* out)
 
 void rmsnorm(const Context& ctx, const float* x, const float* w, size_t n_rows, size_t dim,
              float eps, float* out) {
+  // The canonical dot takes whole 16-element runs (model loading checks
+  // every width it is given).
+  FERRY_CHECK(dim % 16 == 0, "rmsnorm", "dim=", dim, " is not a multiple of 16");
   const PathKernels& k = kernels_for(ctx.path);
   for (size_t r = 0; r < n_rows; ++r) {
     const float* xr = x + r * dim;

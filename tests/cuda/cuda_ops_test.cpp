@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/half.h"
 #include "cuda/cuda_internal.h"
 #include "cuda_test_util.h"
 #include "kernels/kernel_test_util.h"
@@ -195,7 +196,9 @@ TEST(CudaOps, SiluMulMatchesCpu) {
 
 TEST(CudaOps, RmsnormMatchesCpu) {
   REQUIRE_GPU();
-  for (size_t dim : {64, 4096, 5120}) {
+  // Rows kept in registers (up to 8192) and longer ones; 16-byte loads, and
+  // scalar ones when a row is not 16-byte aligned (x one float in).
+  for (size_t dim : {64, 576, 4096, 5120, 8208, 9008}) {
     const size_t rows = 9;
     const auto x = random_floats(rows * dim, 41, 2.0f), w = random_floats(dim, 42);
     std::vector<float> want(x.size());
@@ -204,10 +207,18 @@ TEST(CudaOps, RmsnormMatchesCpu) {
     d_out.poison();
     cuda::rmsnorm(d_x.get(), d_w.get(), rows, dim, 1e-5f, d_out.get(), nullptr);
     const auto got = d_out.download();
+    {
+      std::vector<float> shifted(x.size() + 1);
+      std::copy(x.begin(), x.end(), shifted.begin() + 1);
+      DeviceBuffer<float> d_s(shifted), d_so(x.size() + 1);
+      cuda::rmsnorm(d_s.get() + 1, d_w.get(), rows, dim, 1e-5f, d_so.get() + 1, nullptr);
+      const auto so = d_so.download();
+      EXPECT_EQ(first_bit_diff(got, so.data() + 1, x.size()), -1) << "unaligned, dim=" << dim;
+    }
     // The sum of squares (positive terms) is within ~1e-6 relative of the
     // CPU's; the scale's sqrt halves that; the products round once each.
     for (size_t i = 0; i < x.size(); ++i)
-      ASSERT_NEAR(got[i], want[i], 2e-6f * std::fabs(want[i]) + 1e-30f) << i;
+      ASSERT_NEAR(got[i], want[i], 2e-6f * std::fabs(want[i]) + 1e-30f) << i << " dim=" << dim;
     // In place (out aliases x) gives the same bits; row 4 alone as well.
     cuda::rmsnorm(d_x.get(), d_w.get(), rows, dim, 1e-5f, d_x.get(), nullptr);
     EXPECT_EQ(first_bit_diff(got, d_x.download().data(), x.size()), -1);
@@ -268,7 +279,15 @@ TEST(CudaOps, RopeMatchesCpu) {
     const std::vector<int32_t> pos = {0, 1, 17, 300, 4095, 8191, 131000};
     DeviceBuffer<float> d_x(x), d_inv(inv);
     DeviceBuffer<int32_t> d_pos(pos);
+    // rope2 (q and k in one launch) gives each tensor the bits of its own call.
+    auto y = random_floats(rows * 2 * head_dim, 52);
+    DeviceBuffer<float> d_y(y), d_x2(x), d_y2(y);
+    cuda::rope2(d_x2.get(), heads, d_y2.get(), 2, rows, head_dim, d_pos.get(), d_inv.get(),
+                nullptr);
     cuda::rope(d_x.get(), rows, heads, head_dim, d_pos.get(), d_inv.get(), nullptr);
+    cuda::rope(d_y.get(), rows, 2, head_dim, d_pos.get(), d_inv.get(), nullptr);
+    EXPECT_EQ(first_bit_diff(d_x.download(), d_x2.download().data(), x.size()), -1);
+    EXPECT_EQ(first_bit_diff(d_y.download(), d_y2.download().data(), y.size()), -1);
     for (size_t r = 0; r < rows; ++r)
       kernels::rope(x.data() + r * heads * head_dim, heads, head_dim, pos[r], inv.data());
     const auto got = d_x.download();
@@ -450,17 +469,21 @@ struct JobSpec {
   uint32_t q_seed;
 };
 
-// Runs jobs on the GPU; returns out [n_jobs, n_heads, D].
+// Runs jobs on the GPU; returns out [n_jobs, n_heads, D]. Even jobs also
+// ask for the output's bf16 copy, checked against f32_to_bf16 of out.
 std::vector<float> gpu_attention(const AttnFixture& f, const std::vector<JobSpec>& specs,
                                  const std::vector<float>& q,
                                  cuda::AttentionVariant variant = cuda::AttentionVariant::Auto) {
   const size_t per = f.c.n_heads * f.c.D;
   DeviceBuffer<float> d_q(q), d_out(specs.size() * per);
+  DeviceBuffer<uint16_t> d_b(specs.size() * per);
   d_out.poison();
+  CK(cudaMemset(d_b.get(), 0x5a, specs.size() * per * 2));
   std::vector<cuda::AttentionJob> jobs(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
     jobs[i].q = d_q.get() + i * per;
     jobs[i].out = d_out.get() + i * per;
+    jobs[i].out_bf16 = i % 2 == 0 ? d_b.get() + i * per : nullptr;
     jobs[i].k = f.K.side(true);
     jobs[i].v = f.V.side(true);
     jobs[i].seg[0] = specs[i].seg[0];
@@ -473,7 +496,17 @@ std::vector<float> gpu_attention(const AttnFixture& f, const std::vector<JobSpec
   // fewer than kFewJobs jobs).
   DeviceBuffer<float> ws(specs.size() * cuda::attention_workspace_floats(1, f.shape()));
   cuda::attention_variant(d_jobs.get(), jobs.size(), f.shape(), variant, ws.get(), nullptr);
-  return d_out.download();
+  const auto out = d_out.download();
+  const auto bf = d_b.download();
+  for (size_t i = 0; i < specs.size(); ++i)
+    for (size_t e = 0; e < per; ++e) {
+      const uint16_t want = i % 2 == 0 ? f32_to_bf16(out[i * per + e]) : uint16_t{0x5a5a};
+      if (bf[i * per + e] != want) {
+        ADD_FAILURE() << "bf16 copy of job " << i << " element " << e;
+        return out;
+      }
+    }
+  return out;
 }
 
 std::vector<float> queries(const AttnFixture& f, const std::vector<JobSpec>& specs) {
