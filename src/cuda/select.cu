@@ -16,6 +16,7 @@ namespace {
 
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
+constexpr int kRun = 8;  // loads in flight per thread in the scans
 
 // Unsigned keys in the order of the floats (larger float, larger key);
 // -0 is keyed as +0. NaN never reaches here.
@@ -57,11 +58,22 @@ __global__ void select_kernel(const float* __restrict__ logits, size_t vocab,
   if (job.top_n == 1 || job.lse) {
     float bv = -INFINITY;
     int bid = -1;
-    for (int i = tid; i < V; i += kThreads) {
-      const float v = row[i];
-      if (!isnan(v) && better(v, i, bv, bid)) {
-        bv = v;
-        bid = i;
+    // Thread tid takes i = tid, tid + kThreads, ... in increasing order,
+    // loading kRun of them at a time (one memory round trip per run).
+    for (int base = tid; base < V; base += kThreads * kRun) {
+      float v[kRun];
+#pragma unroll
+      for (int k = 0; k < kRun; ++k) {
+        const int i = base + k * kThreads;
+        v[k] = i < V ? row[i] : NAN;
+      }
+#pragma unroll
+      for (int k = 0; k < kRun; ++k) {
+        const int i = base + k * kThreads;
+        if (!isnan(v[k]) && better(v[k], i, bv, bid)) {
+          bv = v[k];
+          bid = i;
+        }
       }
     }
     for (int off = 16; off > 0; off >>= 1) {
@@ -97,9 +109,16 @@ __global__ void select_kernel(const float* __restrict__ logits, size_t vocab,
   if (job.lse) {
     const double mx = s_val[0];
     double sum = 0.0;
-    for (int i = tid; i < V; i += kThreads) {
-      const float v = row[i];
-      if (!isnan(v)) sum += exp(static_cast<double>(v) - mx);
+    for (int base = tid; base < V; base += kThreads * kRun) {  // the same order, loads in runs
+      float v[kRun];
+#pragma unroll
+      for (int k = 0; k < kRun; ++k) {
+        const int i = base + k * kThreads;
+        v[k] = i < V ? row[i] : NAN;
+      }
+#pragma unroll
+      for (int k = 0; k < kRun; ++k)
+        if (!isnan(v[k])) sum += exp(static_cast<double>(v[k]) - mx);
     }
     s_sum[tid] = sum;
     __syncthreads();
