@@ -437,10 +437,11 @@ const TileConfig& config(size_t i) {
   return kTable.cfg[i];
 }
 
-// pick_tile with at least kMinCtas CTAs (about 3/4 of an H200's 132 SMs).
-// Measured on the H200 (bench/gpu_matmul_bench --sweep): each pick is
-// within 5% of the best variant for every shape and row count measured
-// (rows 1..256, 8B shapes). Any choice computes the same bits.
+// Up to 8 rows by the rule below; more rows by pick_tile with at least
+// kMinCtas CTAs (about 3/4 of an H200's 132 SMs). Measured on the H200
+// (bench/gpu_matmul_bench --sweep): each pick was within 5% of the best
+// variant for the 8B shapes at rows 1..256 (2026-11-30; rows <= 8 re-picked
+// with dependent launch on 2026-12-01). Any choice computes the same bits.
 size_t choose_config(size_t n_in, size_t n_out, size_t n_rows) {
   (void)n_in;
   constexpr size_t kMinCtas = 100;
