@@ -401,13 +401,14 @@ using Variants =
                Variant<64, 16, 4, 1, 128, 4>,   // 16 S64x16*   80 KB
                Variant<64, 32, 4, 1, 128, 4>,   // 17 S64x32*   96 KB
                Variant<64, 8, 4, 1, 256, 3>,    // 18 S64x8k256* 108 KB
-               Variant<32, 8, 2, 1, 256, 4>>;   // 19 S32x8k256* 80 KB
+               Variant<32, 8, 2, 1, 256, 4>,    // 19 S32x8k256* 80 KB
+               Variant<32, 8, 2, 1, 512, 3>>;   // 20 S32x8k512* 120 KB
 
 constexpr const char* kNames[] = {"S16x8",   "S32x8",    "S64x8",      "S16x16",   "S32x16",
                                   "S16x32",  "S32x32",   "M32x64",     "M64x64",   "L128x64",
                                   "L64x128", "L128x128", "L128x128w4", "L256x128", "S16x8k256",
                                   "S16x8s4", "S64x16",   "S64x32",     "S64x8k256",
-                                  "S32x8k256"};
+                                  "S32x8k256", "S32x8k512"};
 constexpr size_t kN = std::tuple_size_v<Variants>;
 static_assert(std::size(kNames) == kN);
 
@@ -451,16 +452,19 @@ size_t choose_config(size_t n_in, size_t n_out, size_t n_rows) {
     // stage) beat 128 k by 5-15% on the 8B shapes, the head aside, whose
     // 2,000 CTAs of S64x8 already stream at the copy bandwidth; S64x8
     // itself lost 30% on 4096 -> 14336 (its CTAs three to an SM).
+    // Long rows over few columns (14336 -> 4096) gain another 4% from
+    // stages of 512 k.
     const size_t ctas64 = (n_out + 63) / 64, ctas32 = (n_out + 31) / 32;
-    if (ctas64 >= 1000) return 2;         // S64x8
-    if (ctas64 >= 200) return 18;         // S64x8k256
-    if (ctas32 >= kMinCtas) return 19;    // S32x8k256
-    return 0;                             // S16x8
+    if (ctas64 >= 1000) return 2;                     // S64x8
+    if (ctas64 >= 200) return 18;                     // S64x8k256
+    if (ctas32 >= kMinCtas && n_in >= 8192) return 20;  // S32x8k512
+    if (ctas32 >= kMinCtas) return 19;                // S32x8k256
+    return 0;                                         // S16x8
   }
   // Indices into Variants (names in kNames). The last (finest) entries only
   // matter for n_out below the measured shapes.
   static constexpr size_t kRows16[] = {16, 4, 3},  // S64x16, S32x16, S16x16
-      kRows32[] = {17, 4, 3},                 // S64x32, S32x16 (two row tiles), S16x16
+      kRows32[] = {17, 16, 4, 3},  // S64x32, S64x16 / S32x16 (two row tiles), S16x16
       kRows64[] = {9, 17, 4},                 // L128x64, S64x32, S32x16
       kRows128[] = {13, 9, 8, 7},             // L256x128, L128x64, M64x64, M32x64
       kRowsMore[] = {13, 9};                  // L256x128, L128x64
