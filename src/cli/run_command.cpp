@@ -98,6 +98,9 @@ int run_single(RunOptions& o, const Loaded& l, const kernels::Context& ctx) {
   msgs.push_back({"user", o.prompt});
   engine::GenerationRequest req = base_request(o);
   req.prompt = encode(l, o.prompt, chat ? &msgs : nullptr);
+  // Text output shows no logprobs: skip the vocabulary-wide pass per token
+  // (0.4-0.8 ms a token on this machine's 49k-128k vocabularies).
+  req.logprobs = o.json;
   auto on_text = [&](std::string_view s) {
     if (o.json) return;
     std::fwrite(s.data(), 1, s.size(), stdout);
