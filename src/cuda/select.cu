@@ -33,6 +33,23 @@ __device__ __forceinline__ bool better(float v, int id, float bv, int bid) {
   return v > bv || (v == bv && id < bid);
 }
 
+// Calls f(row[i], i) for i = tid, tid + kThreads, ... < V in increasing
+// order, loading kRun values at a time (one memory round trip per run).
+template <class F>
+__device__ __forceinline__ void scan_row(const float* row, int V, int tid, F&& f) {
+  for (int base = tid; base < V; base += kThreads * kRun) {
+    float v[kRun];
+#pragma unroll
+    for (int k = 0; k < kRun; ++k) {
+      const int i = base + k * kThreads;
+      v[k] = i < V ? row[i] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kRun; ++k)
+      if (base + k * kThreads < V) f(v[k], base + k * kThreads);
+  }
+}
+
 __global__ void select_kernel(const float* __restrict__ logits, size_t vocab,
                               const SelectJob* __restrict__ jobs, size_t stride,
                               model::TopLogit* __restrict__ top, uint32_t* __restrict__ count,
@@ -58,24 +75,12 @@ __global__ void select_kernel(const float* __restrict__ logits, size_t vocab,
   if (job.top_n == 1 || job.lse) {
     float bv = -INFINITY;
     int bid = -1;
-    // Thread tid takes i = tid, tid + kThreads, ... in increasing order,
-    // loading kRun of them at a time (one memory round trip per run).
-    for (int base = tid; base < V; base += kThreads * kRun) {
-      float v[kRun];
-#pragma unroll
-      for (int k = 0; k < kRun; ++k) {
-        const int i = base + k * kThreads;
-        v[k] = i < V ? row[i] : NAN;
+    scan_row(row, V, tid, [&](float v, int i) {
+      if (!isnan(v) && better(v, i, bv, bid)) {
+        bv = v;
+        bid = i;
       }
-#pragma unroll
-      for (int k = 0; k < kRun; ++k) {
-        const int i = base + k * kThreads;
-        if (!isnan(v[k]) && better(v[k], i, bv, bid)) {
-          bv = v[k];
-          bid = i;
-        }
-      }
-    }
+    });
     for (int off = 16; off > 0; off >>= 1) {
       const float ov = __shfl_down_sync(0xffffffffu, bv, off);
       const int oid = __shfl_down_sync(0xffffffffu, bid, off);
@@ -109,17 +114,9 @@ __global__ void select_kernel(const float* __restrict__ logits, size_t vocab,
   if (job.lse) {
     const double mx = s_val[0];
     double sum = 0.0;
-    for (int base = tid; base < V; base += kThreads * kRun) {  // the same order, loads in runs
-      float v[kRun];
-#pragma unroll
-      for (int k = 0; k < kRun; ++k) {
-        const int i = base + k * kThreads;
-        v[k] = i < V ? row[i] : NAN;
-      }
-#pragma unroll
-      for (int k = 0; k < kRun; ++k)
-        if (!isnan(v[k])) sum += exp(static_cast<double>(v[k]) - mx);
-    }
+    scan_row(row, V, tid, [&](float v, int) {
+      if (!isnan(v)) sum += exp(static_cast<double>(v) - mx);
+    });
     s_sum[tid] = sum;
     __syncthreads();
     for (int half = kThreads / 2; half > 0; half >>= 1) {
