@@ -148,6 +148,22 @@ TEST(Kernels, AttentionPathsIdenticalAndMatchesFloat64Softmax) {
   for (CpuPath p : available_paths())
     for (size_t threads : {1u, 2u})
       EXPECT_TRUE(same_bits(run(p, threads), ref)) << cpu_path_name(p);
+  // A wrapped ring (two segments, 36 keys: two groups of 16 and a short
+  // one on AVX-512): every path the reference's bits.
+  auto run2 = [&](CpuPath p) {
+    std::vector<float> out(s.n_heads * s.head_dim);
+    AttentionTask t;
+    t.q = q.data();
+    t.out = out.data();
+    t.k = &ks;
+    t.v = &vs;
+    t.seg[0] = {17, cap};
+    t.seg[1] = {0, 13};
+    attention(Context{nullptr, p}, s, std::span<const AttentionTask>(&t, 1));
+    return out;
+  };
+  const auto ref2 = run2(CpuPath::Reference);
+  for (CpuPath p : available_paths()) EXPECT_TRUE(same_bits(run2(p), ref2)) << cpu_path_name(p);
 }
 
 TEST(Kernels, RmsNormMatchesDefinition) {
