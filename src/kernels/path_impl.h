@@ -280,6 +280,15 @@ inline void matmul_cols(const WeightView& w, const float* x, size_t n_rows, floa
   }
 }
 
+// x[i] = exp_attn(x[i] - shift) for i < n, sixteen at a time (exp_attn:
+// the same bits in every lane and on every path).
+inline void exp_shifted(float* x, size_t n, float shift) {
+  const Vec16 s16 = Vec16::splat(shift);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) (Vec16::load(x + i) - s16).exp_attn().store(x + i);
+  for (; i < n; ++i) x[i] = exp_attn(x[i] - shift);
+}
+
 // Pointer to the float32 row of (head h, slot j), decoding into `tmp` when
 // the side is not stored as plain f32.
 inline const float* kv_row(const KvSide& side, size_t D, size_t h, size_t j, float* tmp) {
@@ -306,11 +315,10 @@ inline void attention_head(const AttentionShape& s, const AttentionTask& t, size
       scores[n] = dot16(q, kv_row(*t.k, D, kvh, j, tmp), D) * s.scale;
       mx = std::max(mx, scores[n]);
     }
+  // e^(score - max), then summed in key order.
+  exp_shifted(scores, n, mx);
   float sum = 0.0f;
-  for (size_t i = 0; i < n; ++i) {
-    scores[i] = std::exp(scores[i] - mx);
-    sum += scores[i];
-  }
+  for (size_t i = 0; i < n; ++i) sum += scores[i];
   float* out = t.out + h * D;
   const float inv = 1.0f / sum;
   // Each output lane accumulates p_j * v_j[d] over keys in position order
@@ -336,7 +344,8 @@ inline void attention_head(const AttentionShape& s, const AttentionTask& t, size
 }
 
 inline const PathKernels& table() {
-  static const PathKernels k{&dot, &matmul_cols, &attention_head, &int8::matmul_cols};
+  static const PathKernels k{&dot, &matmul_cols, &attention_head, &int8::matmul_cols,
+                             &exp_shifted};
   return k;
 }
 

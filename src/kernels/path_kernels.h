@@ -64,6 +64,9 @@ struct PathKernels {
   void (*attention_head)(const AttentionShape& s, const AttentionTask& t, size_t head,
                          float* scratch);
   MatmulInt8Cols matmul_int8_cols;
+  // x[i] = e^(x[i] - shift) as the attention softmax takes it (vec16.h,
+  // exp_attn): the same bits on every path.
+  void (*exp_shifted)(float* x, size_t n, float shift);
 };
 
 const PathKernels& reference_kernels();

@@ -9,6 +9,7 @@
 // with that path's ISA flags (FERRY_VEC_ISA selects the implementation).
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -23,6 +24,36 @@ namespace ferry::kernels {
 // Internal linkage: each kernel path's translation unit compiles its own copy
 // with its own ISA; sharing one definition across them would break the ODR.
 namespace {
+
+// e^x for the attention softmax, the same bits on every path and in every
+// lane (Vec16::exp_attn is this, sixteen at a time): x = n ln2 + r with
+// n = round(x log2 e) (the 1.5 * 2^23 shifter, ties to even), r reduced by
+// ln2 in two parts with FMA, e^r by its Taylor polynomial of degree 7
+// (Horner, FMA; truncation under 2^-27 for |r| <= ln2 / 2), times 2^n as
+// two powers of two (exact unless the result is subnormal). About 1 ulp
+// from e^x. NaN stays NaN; below -104 gives 0, above 88 gives inf.
+namespace exp_attn_c {
+constexpr float kLog2e = 1.44269504f, kShift = 12582912.0f, kLn2Hi = 0.693145751953125f,
+                kLn2Lo = 1.42860677e-6f, kMin = -104.0f, kMax = 88.0f;
+constexpr float kC[8] = {1.0f,         1.0f,          0.5f,           1.0f / 6.0f,
+                         1.0f / 24.0f, 1.0f / 120.0f, 1.0f / 720.0f, 1.0f / 5040.0f};
+}  // namespace exp_attn_c
+
+inline float exp_attn(float x) {
+  using namespace exp_attn_c;
+  if (x != x) return x;
+  if (x < kMin) return 0.0f;
+  if (x > kMax) return INFINITY;
+  const float n = std::fma(x, kLog2e, kShift) - kShift;
+  const float r = std::fma(n, -kLn2Lo, std::fma(n, -kLn2Hi, x));
+  float p = kC[7];
+  for (int i = 6; i >= 0; --i) p = std::fma(p, r, kC[i]);
+  const int32_t ni = static_cast<int32_t>(n), h = ni >> 1;
+  const float s1 = std::bit_cast<float>(static_cast<uint32_t>(h + 127) << 23);
+  const float s2 = std::bit_cast<float>(static_cast<uint32_t>(ni - h + 127) << 23);
+  const float ps = p * s1;
+  return ps * s2;
+}
 
 #if defined(FERRY_VEC_AVX512)
 struct Vec16 {
@@ -66,6 +97,26 @@ struct Vec16 {
   static Vec16 from_bf16(const uint8_t* p) {
     __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
     return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
+  }
+  Vec16 exp_attn() const {
+    using namespace exp_attn_c;
+    const __m512 n = _mm512_sub_ps(
+        _mm512_fmadd_ps(v, _mm512_set1_ps(kLog2e), _mm512_set1_ps(kShift)), _mm512_set1_ps(kShift));
+    const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Lo),
+                                     _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Hi), v));
+    __m512 p = _mm512_set1_ps(kC[7]);
+    for (int i = 6; i >= 0; --i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC[i]));
+    const __m512i ni = _mm512_cvtps_epi32(n), h = _mm512_srai_epi32(ni, 1);
+    const __m512i b127 = _mm512_set1_epi32(127);
+    const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(h, b127), 23));
+    const __m512 s2 = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(ni, h), b127), 23));
+    __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+    y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(v, _mm512_set1_ps(kMin), _CMP_LT_OQ),
+                           _mm512_setzero_ps());
+    y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(v, _mm512_set1_ps(kMax), _CMP_GT_OQ),
+                           _mm512_set1_ps(INFINITY));
+    return {_mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v)};
   }
   float reduce() const {
     // extractf32x8(v, 0) rather than castps512_ps256: GCC 12 warns on the cast.
@@ -132,6 +183,26 @@ struct Vec16 {
     return {bf8(_mm_loadu_si128((const __m128i*)p)),
             bf8(_mm_loadu_si128((const __m128i*)(p + 16)))};
   }
+  static __m256 exp_attn8(__m256 x) {
+    using namespace exp_attn_c;
+    const __m256 n = _mm256_sub_ps(
+        _mm256_fmadd_ps(x, _mm256_set1_ps(kLog2e), _mm256_set1_ps(kShift)), _mm256_set1_ps(kShift));
+    const __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Lo),
+                                     _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Hi), x));
+    __m256 p = _mm256_set1_ps(kC[7]);
+    for (int i = 6; i >= 0; --i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC[i]));
+    const __m256i ni = _mm256_cvtps_epi32(n), h = _mm256_srai_epi32(ni, 1);
+    const __m256i b127 = _mm256_set1_epi32(127);
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, b127), 23));
+    const __m256 s2 = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, h), b127), 23));
+    __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+    y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(kMin), _CMP_LT_OQ));
+    y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY),
+                         _mm256_cmp_ps(x, _mm256_set1_ps(kMax), _CMP_GT_OQ));
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  }
+  Vec16 exp_attn() const { return {exp_attn8(lo), exp_attn8(hi)}; }
   float reduce() const {
     __m256 s8 = _mm256_add_ps(lo, hi);
     __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
@@ -198,6 +269,9 @@ struct Vec16 {
   static Vec16 from_bf16(const uint8_t* p) {
     return make(
         [&](int i) { return bf16_to_f32(static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8))); });
+  }
+  Vec16 exp_attn() const {
+    return make([&](int i) { return kernels::exp_attn(l[i]); });
   }
   float reduce() const {
     float s8[8], s4[4], s2[2];

@@ -7,12 +7,14 @@
 
 #include <cmath>
 #include <cstring>
+#include <random>
 
 #include "core/cpu.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "kernels/kernel_test_util.h"
 #include "kernels/ops.h"
+#include "kernels/path_kernels.h"
 #include "kernels/quant_blocks.h"
 
 namespace ferry::kernels {
@@ -164,6 +166,49 @@ TEST(Kernels, AttentionPathsIdenticalAndMatchesFloat64Softmax) {
   };
   const auto ref2 = run2(CpuPath::Reference);
   for (CpuPath p : available_paths()) EXPECT_TRUE(same_bits(run2(p), ref2)) << cpu_path_name(p);
+}
+
+// The softmax's exponential (vec16.h, exp_attn): the same bits on every
+// path, in a vector lane or a tail element, and within 2 ulp of e^x where
+// the result is normal; 0 below -104, inf above 88, NaN kept.
+TEST(Kernels, AttentionExpIsOneFunctionOnEveryPath) {
+  std::vector<float> x;
+  for (float v = -110.0f; v <= 90.0f; v += 0.0371f) x.push_back(v);
+  for (float v : {0.0f, -0.0f, -1e-30f, -103.97f, -104.0f, -87.33f, -87.34f, 88.0f, 88.5f,
+                  -INFINITY, INFINITY, NAN, -0.34657359f, 0.34657359f, -0.5f * 0.6931472f})
+    x.push_back(v);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-30.0f, 0.0f);
+  for (int i = 0; i < 5000; ++i) x.push_back(u(rng));
+  auto run = [&](CpuPath p, size_t offset) {
+    std::vector<float> y(x.begin() + offset, x.end());
+    kernels_for(p).exp_shifted(y.data(), y.size(), 0.0f);
+    return y;
+  };
+  const auto ref = run(CpuPath::Reference, 0);
+  for (CpuPath p : available_paths())
+    for (size_t offset : {0u, 5u}) {  // each element once in a vector lane, once maybe in the tail
+      const auto got = run(p, offset);
+      EXPECT_EQ(std::memcmp(got.data(), ref.data() + offset, got.size() * 4), 0)
+          << cpu_path_name(p) << " offset " << offset;
+    }
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float v = x[i], y = ref[i];
+    if (std::isnan(v)) {
+      EXPECT_TRUE(std::isnan(y));
+    } else if (v < -104.0f) {
+      EXPECT_EQ(y, 0.0f) << v;
+    } else if (v > 88.0f) {
+      EXPECT_EQ(y, INFINITY) << v;
+    } else {
+      const double want = std::exp(static_cast<double>(v));
+      if (want < 1.1754944e-38) {  // subnormal results: within one subnormal step or so
+        EXPECT_NEAR(y, want, 3e-45) << v;
+      } else {
+        EXPECT_LE(std::fabs(y - want), 2.0 * std::ldexp(1.0, std::ilogb(want) - 23)) << v;
+      }
+    }
+  }
 }
 
 TEST(Kernels, RmsNormMatchesDefinition) {
