@@ -246,11 +246,14 @@ void rope(float* x, size_t n_heads, size_t head_dim, int64_t pos, const float* i
   }
 }
 
-void silu_mul(float* gate, const float* up, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    float g = gate[i];
-    gate[i] = (g / (1.0f + std::exp(-g))) * up[i];
-  }
+void silu_mul(const Context& ctx, float* gate, const float* up, size_t n) {
+  const PathKernels& k = kernels_for(ctx.path);
+  // Elements are independent: any split gives the same bits.
+  constexpr size_t kChunk = 4096;
+  run(ctx, (n + kChunk - 1) / kChunk, 1, [&](size_t b, size_t e) {
+    const size_t lo = b * kChunk, hi = std::min(n, e * kChunk);
+    k.silu_mul(gate + lo, up + lo, hi - lo);
+  });
 }
 
 void add_inplace(float* x, const float* y, size_t n) {

@@ -87,8 +87,9 @@ void rmsnorm(const Context& ctx, const float* x, const float* w, size_t n_rows, 
 // inv_freq has head_dim / 2 entries (any rope scaling already folded in).
 void rope(float* x, size_t n_heads, size_t head_dim, int64_t pos, const float* inv_freq);
 
-// gate[i] = silu(gate[i]) * up[i].
-void silu_mul(float* gate, const float* up, size_t n);
+// gate[i] = silu(gate[i]) * up[i] = (g / (1 + e^-g)) * up[i], e^-g by the
+// canonical exponential (kernels/vec16.h: the same bits on every path).
+void silu_mul(const Context& ctx, float* gate, const float* up, size_t n);
 
 // x[i] += y[i].
 void add_inplace(float* x, const float* y, size_t n);

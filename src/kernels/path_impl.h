@@ -280,13 +280,28 @@ inline void matmul_cols(const WeightView& w, const float* x, size_t n_rows, floa
   }
 }
 
-// x[i] = exp_attn(x[i] - shift) for i < n, sixteen at a time (exp_attn:
+// x[i] = canonical_exp(x[i] - shift) for i < n, sixteen at a time (canonical_exp:
 // the same bits in every lane and on every path).
 inline void exp_shifted(float* x, size_t n, float shift) {
   const Vec16 s16 = Vec16::splat(shift);
   size_t i = 0;
-  for (; i + 16 <= n; i += 16) (Vec16::load(x + i) - s16).exp_attn().store(x + i);
-  for (; i < n; ++i) x[i] = exp_attn(x[i] - shift);
+  for (; i + 16 <= n; i += 16) (Vec16::load(x + i) - s16).canonical_exp().store(x + i);
+  for (; i < n; ++i) x[i] = canonical_exp(x[i] - shift);
+}
+
+// gate[i] = (g / (1 + canonical_exp(-g))) * up[i] with g = gate[i],
+// sixteen at a time (the same bits on every path).
+inline void silu_mul(float* gate, const float* up, size_t n) {
+  const Vec16 zero = Vec16::zero(), one = Vec16::splat(1.0f);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const Vec16 g = Vec16::load(gate + i);
+    ((g / (one + (zero - g).canonical_exp())) * Vec16::load(up + i)).store(gate + i);
+  }
+  for (; i < n; ++i) {
+    const float g = gate[i];
+    gate[i] = (g / (1.0f + canonical_exp(0.0f - g))) * up[i];
+  }
 }
 
 // Pointer to the float32 row of (head h, slot j), decoding into `tmp` when
@@ -345,7 +360,7 @@ inline void attention_head(const AttentionShape& s, const AttentionTask& t, size
 
 inline const PathKernels& table() {
   static const PathKernels k{&dot, &matmul_cols, &attention_head, &int8::matmul_cols,
-                             &exp_shifted};
+                             &exp_shifted, &silu_mul};
   return k;
 }
 

@@ -65,8 +65,11 @@ struct PathKernels {
                          float* scratch);
   MatmulInt8Cols matmul_int8_cols;
   // x[i] = e^(x[i] - shift) as the attention softmax takes it (vec16.h,
-  // exp_attn): the same bits on every path.
+  // canonical_exp): the same bits on every path.
   void (*exp_shifted)(float* x, size_t n, float shift);
+  // gate[i] = silu(gate[i]) * up[i] with canonical_exp: the same bits on
+  // every path.
+  void (*silu_mul)(float* gate, const float* up, size_t n);
 };
 
 const PathKernels& reference_kernels();

@@ -26,21 +26,21 @@ namespace ferry::kernels {
 namespace {
 
 // e^x for the attention softmax, the same bits on every path and in every
-// lane (Vec16::exp_attn is this, sixteen at a time): x = n ln2 + r with
+// lane (Vec16::canonical_exp is this, sixteen at a time): x = n ln2 + r with
 // n = round(x log2 e) (the 1.5 * 2^23 shifter, ties to even), r reduced by
 // ln2 in two parts with FMA, e^r by its Taylor polynomial of degree 7
 // (Horner, FMA; truncation under 2^-27 for |r| <= ln2 / 2), times 2^n as
 // two powers of two (exact unless the result is subnormal). About 1 ulp
 // from e^x. NaN stays NaN; below -104 gives 0, above 88 gives inf.
-namespace exp_attn_c {
+namespace canonical_exp_c {
 constexpr float kLog2e = 1.44269504f, kShift = 12582912.0f, kLn2Hi = 0.693145751953125f,
                 kLn2Lo = 1.42860677e-6f, kMin = -104.0f, kMax = 88.0f;
 constexpr float kC[8] = {1.0f,         1.0f,          0.5f,           1.0f / 6.0f,
                          1.0f / 24.0f, 1.0f / 120.0f, 1.0f / 720.0f, 1.0f / 5040.0f};
-}  // namespace exp_attn_c
+}  // namespace canonical_exp_c
 
-inline float exp_attn(float x) {
-  using namespace exp_attn_c;
+inline float canonical_exp(float x) {
+  using namespace canonical_exp_c;
   if (x != x) return x;
   if (x < kMin) return 0.0f;
   if (x > kMax) return INFINITY;
@@ -67,6 +67,7 @@ struct Vec16 {
   Vec16 operator*(Vec16 o) const { return {_mm512_mul_ps(v, o.v)}; }
   Vec16 operator+(Vec16 o) const { return {_mm512_add_ps(v, o.v)}; }
   Vec16 operator-(Vec16 o) const { return {_mm512_sub_ps(v, o.v)}; }
+  Vec16 operator/(Vec16 o) const { return {_mm512_div_ps(v, o.v)}; }
   // 16 int8 / low nibbles / high nibbles of 16 bytes, widened exactly.
   static Vec16 from_i8(const uint8_t* p) {
     return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)))};
@@ -98,8 +99,8 @@ struct Vec16 {
     __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
     return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
   }
-  Vec16 exp_attn() const {
-    using namespace exp_attn_c;
+  Vec16 canonical_exp() const {
+    using namespace canonical_exp_c;
     const __m512 n = _mm512_sub_ps(
         _mm512_fmadd_ps(v, _mm512_set1_ps(kLog2e), _mm512_set1_ps(kShift)), _mm512_set1_ps(kShift));
     const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Lo),
@@ -144,6 +145,7 @@ struct Vec16 {
   Vec16 operator*(Vec16 o) const { return {_mm256_mul_ps(lo, o.lo), _mm256_mul_ps(hi, o.hi)}; }
   Vec16 operator+(Vec16 o) const { return {_mm256_add_ps(lo, o.lo), _mm256_add_ps(hi, o.hi)}; }
   Vec16 operator-(Vec16 o) const { return {_mm256_sub_ps(lo, o.lo), _mm256_sub_ps(hi, o.hi)}; }
+  Vec16 operator/(Vec16 o) const { return {_mm256_div_ps(lo, o.lo), _mm256_div_ps(hi, o.hi)}; }
   static __m256 cvt8(__m128i bytes8) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes8)); }
   static Vec16 from_i8(const uint8_t* p) {
     return {cvt8(_mm_loadl_epi64((const __m128i*)p)),
@@ -183,8 +185,8 @@ struct Vec16 {
     return {bf8(_mm_loadu_si128((const __m128i*)p)),
             bf8(_mm_loadu_si128((const __m128i*)(p + 16)))};
   }
-  static __m256 exp_attn8(__m256 x) {
-    using namespace exp_attn_c;
+  static __m256 canonical_exp8(__m256 x) {
+    using namespace canonical_exp_c;
     const __m256 n = _mm256_sub_ps(
         _mm256_fmadd_ps(x, _mm256_set1_ps(kLog2e), _mm256_set1_ps(kShift)), _mm256_set1_ps(kShift));
     const __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Lo),
@@ -202,7 +204,7 @@ struct Vec16 {
                          _mm256_cmp_ps(x, _mm256_set1_ps(kMax), _CMP_GT_OQ));
     return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
   }
-  Vec16 exp_attn() const { return {exp_attn8(lo), exp_attn8(hi)}; }
+  Vec16 canonical_exp() const { return {canonical_exp8(lo), canonical_exp8(hi)}; }
   float reduce() const {
     __m256 s8 = _mm256_add_ps(lo, hi);
     __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
@@ -246,6 +248,9 @@ struct Vec16 {
   Vec16 operator-(Vec16 o) const {
     return make([&](int i) { return l[i] - o.l[i]; });
   }
+  Vec16 operator/(Vec16 o) const {
+    return make([&](int i) { return l[i] / o.l[i]; });
+  }
   static Vec16 from_i8(const uint8_t* p) {
     return make([&](int i) { return static_cast<float>(static_cast<int8_t>(p[i])); });
   }
@@ -270,8 +275,8 @@ struct Vec16 {
     return make(
         [&](int i) { return bf16_to_f32(static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8))); });
   }
-  Vec16 exp_attn() const {
-    return make([&](int i) { return kernels::exp_attn(l[i]); });
+  Vec16 canonical_exp() const {
+    return make([&](int i) { return kernels::canonical_exp(l[i]); });
   }
   float reduce() const {
     float s8[8], s4[4], s2[2];

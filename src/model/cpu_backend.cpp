@@ -55,7 +55,7 @@ void CpuBackend::rope(float* x, size_t n_heads, size_t head_dim, std::span<const
 }
 
 void CpuBackend::silu_mul(float* gate, const float* up, size_t n) {
-  kernels::silu_mul(gate, up, n);
+  kernels::silu_mul(ctx_, gate, up, n);
 }
 
 void CpuBackend::add_inplace(float* x, const float* y, size_t n) {

@@ -168,7 +168,7 @@ TEST(Kernels, AttentionPathsIdenticalAndMatchesFloat64Softmax) {
   for (CpuPath p : available_paths()) EXPECT_TRUE(same_bits(run2(p), ref2)) << cpu_path_name(p);
 }
 
-// The softmax's exponential (vec16.h, exp_attn): the same bits on every
+// The softmax's exponential (vec16.h, canonical_exp): the same bits on every
 // path, in a vector lane or a tail element, and within 2 ulp of e^x where
 // the result is normal; 0 below -104, inf above 88, NaN kept.
 TEST(Kernels, AttentionExpIsOneFunctionOnEveryPath) {
@@ -242,10 +242,34 @@ TEST(Kernels, RopeRotatesAdjacentPairs) {
 
 TEST(Kernels, SiluMul) {
   float g[3] = {0.0f, 1.0f, -2.0f}, u[3] = {5.0f, 2.0f, 1.0f};
-  silu_mul(g, u, 3);
+  silu_mul(Context{}, g, u, 3);
   EXPECT_EQ(g[0], 0.0f);
   EXPECT_FLOAT_EQ(g[1], 2.0f / (1.0f + std::exp(-1.0f)));
   EXPECT_FLOAT_EQ(g[2], -2.0f / (1.0f + std::exp(2.0f)));
+  // Every path and thread count, vector lanes and tails: the same bits;
+  // saturating inputs give g (large g) and -0 (very negative g).
+  std::vector<float> gate = random_floats(10000, 21, 12.0f), up = random_floats(10000, 22);
+  gate[0] = 200.0f, gate[1] = -200.0f, gate[2] = NAN, gate[3] = -0.0f;
+  auto run = [&](CpuPath p, size_t threads, size_t n) {
+    std::vector<float> y(gate.begin(), gate.begin() + n);
+    ThreadPool pool(threads);
+    silu_mul(Context{&pool, p}, y.data(), up.data(), n);
+    return y;
+  };
+  const auto ref = run(CpuPath::Reference, 1, gate.size());
+  EXPECT_EQ(ref[0], 200.0f * up[0]);
+  EXPECT_TRUE(std::signbit(ref[1] / up[1]) && ref[1] == 0.0f);
+  EXPECT_TRUE(std::isnan(ref[2]));
+  for (size_t i = 4; i < gate.size(); ++i) {
+    const double g = gate[i], want = g / (1.0 + std::exp(-g)) * up[i];
+    EXPECT_NEAR(ref[i], want, 1e-6 * std::fabs(want) + 1e-30) << i;
+  }
+  for (CpuPath p : available_paths())
+    for (size_t threads : {1u, 2u})
+      for (size_t n : {gate.size(), size_t{37}}) {
+        const auto got = run(p, threads, n);
+        EXPECT_EQ(std::memcmp(got.data(), ref.data(), n * 4), 0) << cpu_path_name(p);
+      }
 }
 
 TEST(Kernels, EmbedRejectsOutOfRangeToken) {
