@@ -115,19 +115,21 @@ TEST(Kernels, AttentionPathsIdenticalAndMatchesFloat64Softmax) {
     return sd;
   };
   const KvSide ks = side(k), vs = side(v);
-  auto run = [&](CpuPath p, size_t threads) {
+  const KeySegment all{0, n_keys}, none{};
+  auto run = [&](CpuPath p, size_t threads, KeySegment s0, KeySegment s1) {
     std::vector<float> out(s.n_heads * s.head_dim);
     AttentionTask t;
     t.q = q.data();
     t.out = out.data();
     t.k = &ks;
     t.v = &vs;
-    t.seg[0] = {0, n_keys};
+    t.seg[0] = s0;
+    t.seg[1] = s1;
     ThreadPool pool(threads);
     attention(Context{&pool, p}, s, std::span<const AttentionTask>(&t, 1));
     return out;
   };
-  auto ref = run(CpuPath::Reference, 1);
+  auto ref = run(CpuPath::Reference, 1, all, none);
   for (size_t h = 0; h < s.n_heads; ++h) {
     size_t kvh = h / 2;
     std::vector<double> sc(n_keys);
@@ -149,23 +151,12 @@ TEST(Kernels, AttentionPathsIdenticalAndMatchesFloat64Softmax) {
   }
   for (CpuPath p : available_paths())
     for (size_t threads : {1u, 2u})
-      EXPECT_TRUE(same_bits(run(p, threads), ref)) << cpu_path_name(p);
-  // A wrapped ring (two segments, 36 keys: two groups of 16 and a short
-  // one on AVX-512): every path the reference's bits.
-  auto run2 = [&](CpuPath p) {
-    std::vector<float> out(s.n_heads * s.head_dim);
-    AttentionTask t;
-    t.q = q.data();
-    t.out = out.data();
-    t.k = &ks;
-    t.v = &vs;
-    t.seg[0] = {17, cap};
-    t.seg[1] = {0, 13};
-    attention(Context{nullptr, p}, s, std::span<const AttentionTask>(&t, 1));
-    return out;
-  };
-  const auto ref2 = run2(CpuPath::Reference);
-  for (CpuPath p : available_paths()) EXPECT_TRUE(same_bits(run2(p), ref2)) << cpu_path_name(p);
+      EXPECT_TRUE(same_bits(run(p, threads, all, none), ref)) << cpu_path_name(p);
+  // A wrapped ring (two segments, 36 keys, the exponentials in two full
+  // vectors and a tail): every path the reference's bits.
+  const auto ref2 = run(CpuPath::Reference, 1, {17, cap}, {0, 13});
+  for (CpuPath p : available_paths())
+    EXPECT_TRUE(same_bits(run(p, 2, {17, cap}, {0, 13}), ref2)) << cpu_path_name(p);
 }
 
 // The softmax's exponential (vec16.h, canonical_exp): the same bits on every
