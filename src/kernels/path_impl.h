@@ -285,7 +285,7 @@ inline void matmul_cols(const WeightView& w, const float* x, size_t n_rows, floa
 inline void exp_shifted(float* x, size_t n, float shift) {
   const Vec16 s16 = Vec16::splat(shift);
   size_t i = 0;
-  for (; i + 16 <= n; i += 16) (Vec16::load(x + i) - s16).canonical_exp().store(x + i);
+  for (; i + 16 <= n; i += 16) canonical_exp(Vec16::load(x + i) - s16).store(x + i);
   for (; i < n; ++i) x[i] = canonical_exp(x[i] - shift);
 }
 
@@ -296,7 +296,7 @@ inline void silu_mul(float* gate, const float* up, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const Vec16 g = Vec16::load(gate + i);
-    ((g / (one + (zero - g).canonical_exp())) * Vec16::load(up + i)).store(gate + i);
+    ((g / (one + canonical_exp(zero - g))) * Vec16::load(up + i)).store(gate + i);
   }
   for (; i < n; ++i) {
     const float g = gate[i];

@@ -25,8 +25,9 @@ namespace ferry::kernels {
 // with its own ISA; sharing one definition across them would break the ODR.
 namespace {
 
-// e^x for the attention softmax, the same bits on every path and in every
-// lane (Vec16::canonical_exp is this, sixteen at a time): x = n ln2 + r with
+// e^x for the attention softmax and SwiGLU, the same bits on every path and
+// in every lane (canonical_exp(Vec16) below, sixteen at a time, runs the
+// same steps, canonical_exp_steps, with its ISA's pieces): x = n ln2 + r with
 // n = round(x log2 e) (the 1.5 * 2^23 shifter, ties to even), r reduced by
 // ln2 in two parts with FMA, e^r by its Taylor polynomial of degree 7
 // (Horner, FMA; truncation under 2^-27 for |r| <= ln2 / 2), times 2^n as
@@ -39,20 +40,40 @@ constexpr float kC[8] = {1.0f,         1.0f,          0.5f,           1.0f / 6.0
                          1.0f / 24.0f, 1.0f / 120.0f, 1.0f / 720.0f, 1.0f / 5040.0f};
 }  // namespace canonical_exp_c
 
-inline float canonical_exp(float x) {
-  using namespace canonical_exp_c;
-  if (x != x) return x;
-  if (x < kMin) return 0.0f;
-  if (x > kMax) return INFINITY;
-  const float n = std::fma(x, kLog2e, kShift) - kShift;
-  const float r = std::fma(n, -kLn2Lo, std::fma(n, -kLn2Hi, x));
-  float p = kC[7];
-  for (int i = 6; i >= 0; --i) p = std::fma(p, r, kC[i]);
+namespace canonical_exp_c {
+// 2^n as two factors, each a normal float (n integral, |n| <= 150; other
+// n, whose results limits() replaces, are clamped so the cast is defined).
+inline void pow2_halves(float n, float& s1, float& s2) {
+  n = n != n ? 0.0f : std::fmin(std::fmax(n, -150.0f), 150.0f);
   const int32_t ni = static_cast<int32_t>(n), h = ni >> 1;
-  const float s1 = std::bit_cast<float>(static_cast<uint32_t>(h + 127) << 23);
-  const float s2 = std::bit_cast<float>(static_cast<uint32_t>(ni - h + 127) << 23);
-  const float ps = p * s1;
-  return ps * s2;
+  s1 = std::bit_cast<float>(static_cast<uint32_t>(h + 127) << 23);
+  s2 = std::bit_cast<float>(static_cast<uint32_t>(ni - h + 127) << 23);
+}
+// y, except: 0 below kMin, inf above kMax, x itself when NaN.
+inline float limits(float x, float y) {
+  return x != x ? x : x < kMin ? 0.0f : x > kMax ? INFINITY : y;
+}
+}  // namespace canonical_exp_c
+
+// The arithmetic of canonical_exp for one float or a Vec16 (V: float or
+// Vec16, with fmadd, pow2_halves and limits): one sequence of IEEE steps.
+template <class V, class Fma, class Pow2, class Limits>
+V canonical_exp_steps(V x, V (*splat)(float), Fma fmadd, Pow2 pow2_halves, Limits limits) {
+  using namespace canonical_exp_c;
+  const V n = fmadd(x, splat(kLog2e), splat(kShift)) - splat(kShift);
+  const V r = fmadd(n, splat(-kLn2Lo), fmadd(n, splat(-kLn2Hi), x));
+  V p = splat(kC[7]);
+  for (int i = 6; i >= 0; --i) p = fmadd(p, r, splat(kC[i]));
+  V s1, s2;
+  pow2_halves(n, s1, s2);
+  return limits(x, (p * s1) * s2);
+}
+
+inline float canonical_exp(float x) {
+  return canonical_exp_steps<float>(
+      x, +[](float v) { return v; }, [](float a, float b, float c) { return std::fma(a, b, c); },
+      [](float n, float& s1, float& s2) { canonical_exp_c::pow2_halves(n, s1, s2); },
+      [](float v, float y) { return canonical_exp_c::limits(v, y); });
 }
 
 #if defined(FERRY_VEC_AVX512)
@@ -99,25 +120,21 @@ struct Vec16 {
     __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
     return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
   }
-  Vec16 canonical_exp() const {
+  // canonical_exp's ISA pieces: 2^n as two factors (n integral, |n| <= 150)
+  // and the special lanes (below kMin 0, above kMax inf, NaN kept).
+  static void pow2_halves(Vec16 n, Vec16& s1, Vec16& s2) {
+    const __m512i ni = _mm512_cvtps_epi32(n.v), h = _mm512_srai_epi32(ni, 1);
+    const __m512i b = _mm512_set1_epi32(127);
+    s1.v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(h, b), 23));
+    s2.v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(ni, h), b), 23));
+  }
+  static Vec16 exp_limits(Vec16 x, Vec16 y) {
     using namespace canonical_exp_c;
-    const __m512 n = _mm512_sub_ps(
-        _mm512_fmadd_ps(v, _mm512_set1_ps(kLog2e), _mm512_set1_ps(kShift)), _mm512_set1_ps(kShift));
-    const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Lo),
-                                     _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Hi), v));
-    __m512 p = _mm512_set1_ps(kC[7]);
-    for (int i = 6; i >= 0; --i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC[i]));
-    const __m512i ni = _mm512_cvtps_epi32(n), h = _mm512_srai_epi32(ni, 1);
-    const __m512i b127 = _mm512_set1_epi32(127);
-    const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(h, b127), 23));
-    const __m512 s2 = _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(ni, h), b127), 23));
-    __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
-    y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(v, _mm512_set1_ps(kMin), _CMP_LT_OQ),
-                           _mm512_setzero_ps());
-    y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(v, _mm512_set1_ps(kMax), _CMP_GT_OQ),
+    __m512 r = _mm512_mask_mov_ps(y.v, _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(kMin), _CMP_LT_OQ),
+                                  _mm512_setzero_ps());
+    r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(kMax), _CMP_GT_OQ),
                            _mm512_set1_ps(INFINITY));
-    return {_mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v)};
+    return {_mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(x.v, x.v, _CMP_UNORD_Q), x.v)};
   }
   float reduce() const {
     // extractf32x8(v, 0) rather than castps512_ps256: GCC 12 warns on the cast.
@@ -185,26 +202,27 @@ struct Vec16 {
     return {bf8(_mm_loadu_si128((const __m128i*)p)),
             bf8(_mm_loadu_si128((const __m128i*)(p + 16)))};
   }
-  static __m256 canonical_exp8(__m256 x) {
-    using namespace canonical_exp_c;
-    const __m256 n = _mm256_sub_ps(
-        _mm256_fmadd_ps(x, _mm256_set1_ps(kLog2e), _mm256_set1_ps(kShift)), _mm256_set1_ps(kShift));
-    const __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Lo),
-                                     _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Hi), x));
-    __m256 p = _mm256_set1_ps(kC[7]);
-    for (int i = 6; i >= 0; --i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC[i]));
-    const __m256i ni = _mm256_cvtps_epi32(n), h = _mm256_srai_epi32(ni, 1);
-    const __m256i b127 = _mm256_set1_epi32(127);
-    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, b127), 23));
-    const __m256 s2 = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, h), b127), 23));
-    __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
-    y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(kMin), _CMP_LT_OQ));
-    y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY),
-                         _mm256_cmp_ps(x, _mm256_set1_ps(kMax), _CMP_GT_OQ));
-    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  static void pow2_halves(Vec16 n, Vec16& s1, Vec16& s2) {
+    auto half = [](__m256 n8, __m256& a, __m256& b) {
+      const __m256i ni = _mm256_cvtps_epi32(n8), h = _mm256_srai_epi32(ni, 1);
+      const __m256i k = _mm256_set1_epi32(127);
+      a = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, k), 23));
+      b = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, h), k), 23));
+    };
+    half(n.lo, s1.lo, s2.lo);
+    half(n.hi, s1.hi, s2.hi);
   }
-  Vec16 canonical_exp() const { return {canonical_exp8(lo), canonical_exp8(hi)}; }
+  static Vec16 exp_limits(Vec16 x, Vec16 y) {
+    auto half = [](__m256 x8, __m256 y8) {
+      using namespace canonical_exp_c;
+      y8 = _mm256_blendv_ps(y8, _mm256_setzero_ps(),
+                            _mm256_cmp_ps(x8, _mm256_set1_ps(kMin), _CMP_LT_OQ));
+      y8 = _mm256_blendv_ps(y8, _mm256_set1_ps(INFINITY),
+                            _mm256_cmp_ps(x8, _mm256_set1_ps(kMax), _CMP_GT_OQ));
+      return _mm256_blendv_ps(y8, x8, _mm256_cmp_ps(x8, x8, _CMP_UNORD_Q));
+    };
+    return {half(x.lo, y.lo), half(x.hi, y.hi)};
+  }
   float reduce() const {
     __m256 s8 = _mm256_add_ps(lo, hi);
     __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
@@ -275,8 +293,11 @@ struct Vec16 {
     return make(
         [&](int i) { return bf16_to_f32(static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8))); });
   }
-  Vec16 canonical_exp() const {
-    return make([&](int i) { return kernels::canonical_exp(l[i]); });
+  static void pow2_halves(Vec16 n, Vec16& s1, Vec16& s2) {
+    for (int i = 0; i < 16; ++i) canonical_exp_c::pow2_halves(n.l[i], s1.l[i], s2.l[i]);
+  }
+  static Vec16 exp_limits(Vec16 x, Vec16 y) {
+    return make([&](int i) { return canonical_exp_c::limits(x.l[i], y.l[i]); });
   }
   float reduce() const {
     float s8[8], s4[4], s2[2];
@@ -287,6 +308,18 @@ struct Vec16 {
   }
 };
 #endif
+
+// canonical_exp of sixteen lanes: each lane the bits of the scalar one.
+inline Vec16 canonical_exp(Vec16 x) {
+  return canonical_exp_steps<Vec16>(
+      x, &Vec16::splat,
+      [](Vec16 a, Vec16 b, Vec16 c) {
+        c.fma(a, b);
+        return c;
+      },
+      [](Vec16 n, Vec16& s1, Vec16& s2) { Vec16::pow2_halves(n, s1, s2); },
+      [](Vec16 v, Vec16 y) { return Vec16::exp_limits(v, y); });
+}
 
 // Canonical dot product; n % 16 == 0.
 inline float dot16(const float* a, const float* b, size_t n) {

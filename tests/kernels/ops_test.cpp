@@ -202,6 +202,19 @@ TEST(Kernels, AttentionExpIsOneFunctionOnEveryPath) {
   }
 }
 
+// The canonical dot takes whole 16-element runs: other widths are refused
+// by name (model loading refuses them first), not read past.
+TEST(Kernels, RmsNormRefusesWidthsThatAreNotMultiplesOf16) {
+  std::vector<float> x(40, 1.0f), w(40, 1.0f), out(40);
+  try {
+    rmsnorm(Context{}, x.data(), w.data(), 2, 20, 1e-5f, out.data());
+    FAIL() << "dim 20 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dim=20 is not a multiple of 16"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Kernels, RmsNormMatchesDefinition) {
   const size_t dim = 64;
   auto x = random_floats(2 * dim, 9), w = random_floats(dim, 10);
