@@ -199,9 +199,12 @@ int main(int argc, char** argv) {
     cublasDestroy(blas);
     return 0;
   }
-  const size_t row_counts[] = {1, 8, 64, 256};
-  const size_t sweep_rows[] = {1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256};
-  const size_t max_rows = 256;
+  const bool wgmma = cuda::tc::wgmma_available();
+  const size_t row_counts[] = {1, 8, 64, 256, 1024, 4096};
+  std::vector<size_t> sweep_rows = {1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256};
+  if (!only_rows.empty()) sweep_rows = only_rows;
+  size_t max_rows = 4096;
+  for (size_t r : sweep_rows) max_rows = std::max(max_rows, r);
   std::vector<std::string> table;
   for (const Shape& s : kShapes) {
     const size_t wn = s.n_in * s.n_out;
@@ -231,19 +234,18 @@ int main(int argc, char** argv) {
 
     if (sweep) {
       for (size_t rows : sweep_rows) {
-        if (!only_rows.empty() && std::find(only_rows.begin(), only_rows.end(), rows) == only_rows.end())
-          continue;
         std::printf("sweep %-18s rows=%3zu:", s.name, rows);
         double best = 1e9;
         size_t best_i = 0;
         for (size_t i = 0; i < cuda::tc::n_configs(); ++i) {
           const auto& c = cuda::tc::config(i);
           if ((c.bn <= 32 && rows > 64) || (c.bn >= 64 && rows < 16)) continue;  // off-range
+          if (c.wgmma && !wgmma) continue;
           const double t = tc(rows, static_cast<long>(i));
           if (t < best) best = t, best_i = i;
           std::printf(" %s %.1f", c.name, t * 1e6);
         }
-        const size_t ch = cuda::tc::choose_config(s.n_in, s.n_out, rows);
+        const size_t ch = cuda::tc::choose_config(s.n_in, s.n_out, rows, wgmma);
         std::printf(" | best %s %.1fus %.0fGB/s %.0fTF; chosen %s\n", cuda::tc::config(best_i).name,
                     best * 1e6, bytes(rows) / best / 1e9, flops(rows) / best / 1e12,
                     cuda::tc::config(ch).name);
@@ -279,7 +281,7 @@ int main(int argc, char** argv) {
       std::snprintf(
           line, sizeof line,
           "%-18s %4zu %-10s %8.1f %6.0f %4.0f%% %6.1f %4.0f%% | %8.1f %6.0f %6.1f | %8.1f", s.name,
-          rows, cuda::tc::config(cuda::tc::choose_config(s.n_in, s.n_out, rows)).name, t_tc * 1e6,
+          rows, cuda::tc::config(cuda::tc::choose_config(s.n_in, s.n_out, rows, wgmma)).name, t_tc * 1e6,
           bytes(rows) / t_tc / 1e9, 100 * bytes(rows) / t_tc / 1e9 / copy_gbs,
           flops(rows) / t_tc / 1e12, 100 * flops(rows) / t_tc / 1e12 / peak_tflops, t_bl * 1e6,
           bytes(rows) / t_bl / 1e9, flops(rows) / t_bl / 1e12, t_gg * 1e6);

@@ -342,6 +342,121 @@ __global__ void __launch_bounds__(Tile<BM, BN, WM, WN, BK, STAGES>::kThreads)
       }
 }
 
+// Hopper variant (sm_90a): the same arithmetic on warpgroup mma. A CTA of
+// WGM warpgroups owns 64 * WGM output columns x BN rows; warpgroup g issues,
+// per k16 step, one wgmma.m64nBNk16 with A = its 64 weight rows and B = the
+// BN activation rows, both read by the tensor cores straight from the stage
+// (bk = 64: one 128-byte swizzled row per weight or activation row, the
+// layout CopyPlan already writes, with 1024-byte aligned stages). One
+// wgmma's D[m, n] is, like mma.sync's, the tensor core's function of A's row
+// m, B's column n and C[m, n] for 16 products, so every output keeps the
+// n_in / 16 step chain of the contract (the variant test compares the bits
+// with the mma.sync variants). Pipeline: tile kt's copies are committed
+// STAGES - 2 tiles ahead; each tile's wgmmas are one group, and the wait
+// for the group before it lets the next tile's barrier free that group's
+// slot for the refill, so the tensor cores never drain between tiles.
+template <int WGM, int BN, int STAGES>
+struct WgTile {
+  static constexpr int kThreads = WGM * 128;
+  static constexpr int kBM = WGM * 64, kBK = 64;
+  static constexpr uint32_t kWBytes = kBM * kBK * 2;
+  static constexpr uint32_t kStageBytes = (kBM + BN) * kBK * 2;
+  static constexpr size_t kSmemBytes = size_t{STAGES} * kStageBytes + 1024;  // + alignment
+  static_assert(BN == 64 || BN == 128 || BN == 256, "wgmma_bf16 shapes");
+  static_assert(STAGES >= 3, "one stage computing, one being freed, one landing");
+};
+
+template <int WGM, int BN, int STAGES>
+__global__ void __launch_bounds__(WgTile<WGM, BN, STAGES>::kThreads)
+    matmul_wg_kernel(Weights ws, const uint16_t* __restrict__ x, uint32_t n_in, uint32_t n_rows,
+                     uint32_t row_tiles) {
+#if FERRY_SM90A
+  using T = WgTile<WGM, BN, STAGES>;
+  constexpr int BM = T::kBM, BK = T::kBK, KK = BK / 16;
+  extern __shared__ uint4 smem_raw[];
+  const uint32_t smem =
+      (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
+
+  const uint32_t r0 = (blockIdx.x % row_tiles) * BN;
+  uint32_t col_tile = blockIdx.x / row_tiles, wi = 0;
+  while (col_tile >= ws.tiles[wi]) col_tile -= ws.tiles[wi++];
+  const uint16_t* __restrict__ w = ws.w[wi];
+  float* __restrict__ y = ws.y[wi];
+  const uint32_t n_out = ws.n_out[wi];
+  const uint32_t j0 = col_tile * BM;
+  const uint32_t k_steps = n_in / 16;
+
+  CopyPlan<BM, BK, T::kThreads> wcopy(w, j0, n_out, n_in);
+  CopyPlan<BN, BK, T::kThreads> xcopy(x, r0, n_rows, n_in);
+
+  // Weights of the first tiles before the dependency wait (as in
+  // matmul_tc_kernel); group s = tile s's activations (+ group 0: the
+  // prologue's weights).
+#pragma unroll
+  for (int s = 0; s < STAGES - 2; ++s) wcopy.issue(smem + s * T::kStageBytes, s, n_in);
+  detail::dependency_wait();
+#pragma unroll
+  for (int s = 0; s < STAGES - 2; ++s) {
+    xcopy.issue(smem + s * T::kStageBytes + T::kWBytes, s, n_in);
+    cp_async_commit();
+  }
+
+  float acc[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+  const uint32_t wg = threadIdx.x / 128;
+  uint32_t read_slot = 0, write_slot = STAGES - 2;
+  // Tile kt: wait for it, refill the slot freed two tiles ago, then its k16
+  // steps (`steps` of them: KK, or the remainder in a last partial tile).
+  auto tile = [&](uint32_t kt, auto steps) {
+    constexpr int kSteps = decltype(steps)::value;
+    cp_async_wait<STAGES - 3>();  // tile kt has landed (this thread's copies)
+    detail::fence_proxy_async();
+    __syncthreads();  // everyone's copies; every warpgroup done with tile kt - 2
+    const uint32_t ws_addr = smem + write_slot * T::kStageBytes;
+    wcopy.issue(ws_addr, kt + STAGES - 2, n_in);  // zero-fills past the end
+    xcopy.issue(ws_addr + T::kWBytes, kt + STAGES - 2, n_in);
+    cp_async_commit();
+    write_slot = write_slot + 1 == STAGES ? 0 : write_slot + 1;
+
+    const uint32_t st = smem + read_slot * T::kStageBytes;
+    const uint32_t a = st + wg * 64 * BK * 2, b = st + T::kWBytes;
+    detail::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kSteps; ++kk)
+      detail::wgmma_bf16<BN>(acc, detail::wgmma_desc_sw128(a + kk * 32),
+                             detail::wgmma_desc_sw128(b + kk * 32));
+    detail::wgmma_commit();
+    detail::wgmma_wait<1>();
+    read_slot = read_slot + 1 == STAGES ? 0 : read_slot + 1;
+  };
+  const uint32_t full_tiles = k_steps / KK;
+  for (uint32_t kt = 0; kt < full_tiles; ++kt) tile(kt, std::integral_constant<int, KK>{});
+  static_assert(KK == 4, "the tail below handles 1..3 steps");
+  switch (k_steps % KK) {  // n_in % 64: the last tile's steps, exactly
+    case 1: tile(full_tiles, std::integral_constant<int, 1>{}); break;
+    case 2: tile(full_tiles, std::integral_constant<int, 2>{}); break;
+    case 3: tile(full_tiles, std::integral_constant<int, 3>{}); break;
+    default: break;
+  }
+  detail::wgmma_wait<0>();
+  cp_async_wait<0>();
+
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = (threadIdx.x / 32) % 4;
+  const int g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint32_t j = j0 + wg * 64 + warp * 16 + g + 8 * (e / 2);
+      const uint32_t r = r0 + i * 8 + 2 * c + e % 2;
+      if (j < n_out && r < n_rows) y[size_t{r} * n_out + j] = acc[i * 4 + e];
+    }
+#else
+  (void)ws, (void)x, (void)n_in, (void)n_rows, (void)row_tiles;
+#endif
+}
+
 // ---- variants ----------------------------------------------------------------
 
 struct Args {
@@ -376,6 +491,36 @@ struct Variant {
   }
 };
 
+// A Hopper variant. f16 weights need the hi / lo split in registers, which
+// wgmma's shared-memory A operand cannot take: they run L128x128 (same bits).
+template <int WGM, int BN, int STAGES>
+struct WgVariant {
+  static constexpr TileConfig kConfig = {nullptr, WGM * 64, BN, WGM, 1, 64, STAGES, true};
+
+  template <bool kF16>
+  static void launch(const Args& a) {
+    if constexpr (kF16) {
+      Variant<128, 128, 2, 4, 64, 3>::launch<true>(a);
+    } else {
+      using T = WgTile<WGM, BN, STAGES>;
+      auto* kernel = matmul_wg_kernel<WGM, BN, STAGES>;
+      detail::raise_smem_limit<matmul_wg_kernel<WGM, BN, STAGES>>(T::kSmemBytes);
+      Weights ws = a.ws;
+      size_t col_tiles = 0;
+      for (int i = 0; i < ws.n; ++i) {
+        ws.tiles[i] = (ws.n_out[i] + T::kBM - 1) / T::kBM;
+        col_tiles += ws.tiles[i];
+      }
+      const size_t row_tiles = (a.n_rows + BN - 1) / BN;
+      FERRY_CHECK(row_tiles * col_tiles <= 0x7fffffffu, "matmul_tc",
+                  "too many tiles: n_rows=", a.n_rows, " column tiles=", col_tiles);
+      detail::launch("matmul_wg_kernel", kernel, static_cast<unsigned>(row_tiles * col_tiles),
+                     T::kThreads, T::kSmemBytes, a.stream, ws, a.x, static_cast<uint32_t>(a.n_in),
+                     static_cast<uint32_t>(a.n_rows), static_cast<uint32_t>(row_tiles));
+    }
+  }
+};
+
 // The menu. Names: S = skinny (one m16 tile per warp), M = mid, L = large;
 // then bm x bn. Shared memory per CTA = stages * (bm + bn) * bk * 2 bytes.
 // choose_config uses those marked *; the others stay for the tests (every
@@ -402,13 +547,20 @@ using Variants =
                Variant<64, 32, 4, 1, 128, 4>,   // 17 S64x32*   96 KB
                Variant<64, 8, 4, 1, 256, 3>,    // 18 S64x8k256* 108 KB
                Variant<32, 8, 2, 1, 256, 4>,    // 19 S32x8k256* 80 KB
-               Variant<32, 8, 2, 1, 512, 3>>;   // 20 S32x8k512* 120 KB
+               Variant<32, 8, 2, 1, 512, 3>,    // 20 S32x8k512* 120 KB
+               WgVariant<2, 256, 4>,            // 21 W128x256  192 KB, 2 warpgroups (sm_90a)
+               WgVariant<2, 128, 5>,            // 22 W128x128  160 KB
+               WgVariant<1, 128, 6>,            // 23 W64x128   144 KB, 1 warpgroup
+               WgVariant<2, 64, 6>,             // 24 W128x64   144 KB
+               WgVariant<1, 256, 4>,            // 25 W64x256   160 KB
+               WgVariant<1, 64, 8>>;            // 26 W64x64    128 KB
 
 constexpr const char* kNames[] = {"S16x8",   "S32x8",    "S64x8",      "S16x16",   "S32x16",
                                   "S16x32",  "S32x32",   "M32x64",     "M64x64",   "L128x64",
                                   "L64x128", "L128x128", "L128x128w4", "L256x128", "S16x8k256",
                                   "S16x8s4", "S64x16",   "S64x32",     "S64x8k256",
-                                  "S32x8k256", "S32x8k512"};
+                                  "S32x8k256", "S32x8k512",  "W128x256", "W128x128",
+                                  "W64x128",   "W128x64",  "W64x256",    "W64x64"};
 constexpr size_t kN = std::tuple_size_v<Variants>;
 static_assert(std::size(kNames) == kN);
 
@@ -443,7 +595,22 @@ const TileConfig& config(size_t i) {
 // (bench/gpu_matmul_bench --sweep): each pick was within 5% of the best
 // variant for the 8B shapes at rows 1..256 (2026-11-30; rows <= 8 re-picked
 // with dependent launch on 2026-12-01). Any choice computes the same bits.
-size_t choose_config(size_t n_in, size_t n_out, size_t n_rows) {
+bool wgmma_available() {
+  static std::atomic<int> known[64];  // 0 unknown, 1 no, 2 yes
+  int dev = 0;
+  FERRY_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= 0 && dev < 64 && known[dev].load(std::memory_order_relaxed) != 0)
+    return known[dev].load(std::memory_order_relaxed) == 2;
+  // The kernel's image: sm_90a SASS reports PTX version 90; a JIT from the
+  // portable compute_80 PTX (any other GPU) reports 80.
+  cudaFuncAttributes attr{};
+  FERRY_CUDA_CHECK(cudaFuncGetAttributes(&attr, matmul_wg_kernel<1, 64, 8>));
+  const bool yes = attr.ptxVersion >= 90 && attr.binaryVersion == 90;
+  if (dev >= 0 && dev < 64) known[dev].store(yes ? 2 : 1, std::memory_order_relaxed);
+  return yes;
+}
+
+size_t choose_config(size_t n_in, size_t n_out, size_t n_rows, bool wgmma) {
   (void)n_in;
   constexpr size_t kMinCtas = 100;
   if (n_rows <= 8) {
@@ -470,6 +637,19 @@ size_t choose_config(size_t n_in, size_t n_out, size_t n_rows) {
       kRowsMore[] = {13, 9};                  // L256x128, L128x64
   static constexpr RowRange kRanges[] = {{16, kRows16},   {32, kRows32},
                                          {64, kRows64},   {128, kRows128}, {SIZE_MAX, kRowsMore}};
+  if (wgmma && n_rows > 32) {
+    // Hopper (2026-12-01, --sweep=64..8192 on the 8B shapes): the wgmma
+    // variants beat every mma.sync one from 64 rows on (prefill 500-580
+    // TFLOP/s against 400 for L256x128); the largest tile that still fills
+    // about 0.7 of the 132 SMs wins, and tiles taller than the rows waste
+    // their mma. Each pick below was the measured best or within 3% of it.
+    constexpr size_t kMinWgCtas = 90;
+    static constexpr size_t kWg64[] = {24, 26},  // W128x64, W64x64
+        kWg128[] = {22, 24, 26},                 // W128x128, W128x64, W64x64
+        kWgMore[] = {21, 22, 24, 26};            // W128x256, W128x128, W128x64, W64x64
+    static constexpr RowRange kWgRanges[] = {{64, kWg64}, {128, kWg128}, {SIZE_MAX, kWgMore}};
+    return pick_tile(kWgRanges, config, n_out, n_rows, kMinWgCtas);
+  }
   return pick_tile(kRanges, config, n_out, n_rows, kMinCtas);
 }
 
@@ -489,6 +669,8 @@ void matmul_tc_many_with(size_t cfg, std::span<const uint16_t* const> w, bool w_
                          std::span<const size_t> n_out, const uint16_t* x, size_t n_rows,
                          std::span<float* const> y, cudaStream_t stream) {
   FERRY_CHECK(cfg < kN, "matmul_tc", "config ", cfg, " of ", kN);
+  FERRY_CHECK(!kTable.cfg[cfg].wgmma || w_f16 || wgmma_available(), "matmul_tc", "variant ",
+              kTable.cfg[cfg].name, " needs a Hopper GPU (sm_90a)");
   FERRY_CHECK(!w.empty() && w.size() <= kMaxWeights && n_out.size() == w.size() &&
                   y.size() == w.size(),
               "matmul_tc", w.size(), " weights (at most ", kMaxWeights, ")");
@@ -518,7 +700,7 @@ void matmul_tc_many(std::span<const uint16_t* const> w, bool w_f16, size_t n_in,
                     std::span<float* const> y, cudaStream_t stream) {
   size_t total = 0;
   for (size_t n : n_out) total += n;
-  tc::matmul_tc_many_with(tc::choose_config(n_in, total, n_rows), w, w_f16, n_in, n_out, x, n_rows,
+  tc::matmul_tc_many_with(tc::choose_config(n_in, total, n_rows, tc::wgmma_available()), w, w_f16, n_in, n_out, x, n_rows,
                           y, stream);
 }
 

@@ -25,7 +25,13 @@ struct TileConfig {
   int wm, wn;  // warps along bm and bn (warp tile (bm / wm) x (bn / wn))
   int bk;      // k per pipeline stage; multiple of 64
   int stages;  // cp.async stages in flight
+  bool wgmma = false;  // Hopper warpgroup mma (sm_90a): bm = 64 x warpgroups (wm)
 };
+
+// Whether this device runs the sm_90a image (the wgmma variants): a Hopper
+// GPU (compute capability 9.0). Elsewhere choose_config never picks them and
+// launching one is an error.
+bool wgmma_available();
 
 size_t n_configs();
 const TileConfig& config(size_t i);
@@ -56,8 +62,9 @@ size_t pick_tile(std::span<const RowRange> ranges, Config&& config, size_t n_out
   return r->candidates.back();
 }
 
-// The variant matmul_tc uses for this shape (an index into config()).
-size_t choose_config(size_t n_in, size_t n_out, size_t n_rows);
+// The variant matmul_tc uses for this shape (an index into config());
+// `wgmma`: whether the Hopper variants may be picked (wgmma_available()).
+size_t choose_config(size_t n_in, size_t n_out, size_t n_rows, bool wgmma);
 
 // matmul_tc / matmul_tc_many with the variant forced (same preconditions,
 // same results).

@@ -74,4 +74,114 @@ __device__ __forceinline__ void mma_s8_k16(int32_t (&d)[4], uint32_t a0, uint32_
       : "r"(a0), "r"(a1), "r"(b0));
 }
 
+// ---- Hopper (sm_90a) warpgroup mma --------------------------------------------
+// Compiled only into the sm_90a image (__CUDA_ARCH_FEAT_SM90_ALL); callers
+// check wgmma_available() (matmul_tc) before launching kernels that use
+// them. Other images get empty bodies, never run.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FERRY_SM90A 1
+#else
+#define FERRY_SM90A 0
+#endif
+
+// Shared-memory matrix descriptor for a K-major operand stored as rows of
+// 128 bytes (64 bf16 of k) with the 128-byte swizzle (16-byte chunk c of row
+// r at chunk c ^ (r % 8)) and the 8-row groups 1024 bytes apart. `addr` is
+// the shared address of the k16 step's first chunk in row 0: the tile's
+// 1024-aligned base plus 32 bytes per k16 step.
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr) {
+  return (uint64_t{1} << 62) |                   // 128-byte swizzle
+         (uint64_t{1024 >> 4} << 32) |           // stride: 8 rows of 128 bytes
+         (uint64_t{1} << 16) |                   // leading offset (unused when swizzled)
+         static_cast<uint64_t>((addr & 0x3ffffu) >> 4);
+}
+__device__ __forceinline__ void wgmma_fence() {
+#if FERRY_SM90A
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if FERRY_SM90A
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#if FERRY_SM90A
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// Makes this thread's completed shared-memory writes (st.shared, cp.async)
+// visible to the async proxy that wgmma reads through.
+__device__ __forceinline__ void fence_proxy_async() {
+#if FERRY_SM90A
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// d += A B^T for one k16 step of a warpgroup: A = 64 rows (m) x 16 k at
+// descriptor a, B = N rows (n) x 16 k at descriptor b, both K-major; f32
+// accumulators, scale-d = 1 (so d = +0 initially gives the mma.sync chain's
+// first step exactly). Warp w of the warpgroup holds rows 16w + g and
+// 16w + g + 8 (g = lane / 4): d[4i + 0..1] = (16w + g, 8i + 2c + 0..1),
+// d[4i + 2..3] = (16w + g + 8, ...), c = lane % 4: per n8 slice, mma.sync's
+// m16n8 accumulator layout.
+template <int N>
+__device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], uint64_t a, uint64_t b);
+
+#if FERRY_SM90A
+#define FERRY_WG_D8(i)                                                                         \
+  "+f"(d[(i) + 0]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), "+f"(d[(i) + 4]),   \
+      "+f"(d[(i) + 5]), "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
+template <>
+__device__ __forceinline__ void wgmma_bf16<64>(float (&d)[32], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : FERRY_WG_D8(0), FERRY_WG_D8(8), FERRY_WG_D8(16), FERRY_WG_D8(24)
+      : "l"(a), "l"(b), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_bf16<128>(float (&d)[64], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      : FERRY_WG_D8(0), FERRY_WG_D8(8), FERRY_WG_D8(16), FERRY_WG_D8(24),
+        FERRY_WG_D8(32), FERRY_WG_D8(40), FERRY_WG_D8(48), FERRY_WG_D8(56)
+      : "l"(a), "l"(b), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_bf16<256>(float (&d)[128], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "%128, %129, p, 1, 1, 0, 0;\n}\n"
+      : FERRY_WG_D8(0), FERRY_WG_D8(8), FERRY_WG_D8(16), FERRY_WG_D8(24),
+        FERRY_WG_D8(32), FERRY_WG_D8(40), FERRY_WG_D8(48), FERRY_WG_D8(56),
+        FERRY_WG_D8(64), FERRY_WG_D8(72), FERRY_WG_D8(80), FERRY_WG_D8(88),
+        FERRY_WG_D8(96), FERRY_WG_D8(104), FERRY_WG_D8(112), FERRY_WG_D8(120)
+      : "l"(a), "l"(b), "r"(1));
+}
+#undef FERRY_WG_D8
+#else
+template <int N>
+__device__ __forceinline__ void wgmma_bf16(float (&)[N / 2], uint64_t, uint64_t) {}
+#endif
+
 }  // namespace ferry::cuda::detail

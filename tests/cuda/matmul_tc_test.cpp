@@ -165,6 +165,7 @@ TEST(CudaTc, MatmulTcEveryVariantGivesTheSameBits) {
         const DeviceBuffer<uint16_t> d_x(x.bits);
         const auto want = run_tc(d_w, f16, s.n_in, s.n_out, d_x.get(), n_rows);
         for (size_t i = 0; i < cuda::tc::n_configs(); ++i) {
+          if (cuda::tc::config(i).wgmma && !f16 && !cuda::tc::wgmma_available()) continue;
           const auto got =
               run_tc(d_w, f16, s.n_in, s.n_out, d_x.get(), n_rows, static_cast<int>(i));
           EXPECT_EQ(first_bit_diff(want, got.data(), want.size()), -1)
@@ -229,7 +230,29 @@ TEST(CudaTc, ChooseConfigPicksTheMeasuredVariants) {
                {4096, 1024, 32, "S16x16"},
                {4096, 1024, 64, "S32x16"}};
   for (const auto& c : cases)
-    EXPECT_STREQ(cuda::tc::config(cuda::tc::choose_config(c.n_in, c.n_out, c.n_rows)).name, c.want)
+    EXPECT_STREQ(cuda::tc::config(cuda::tc::choose_config(c.n_in, c.n_out, c.n_rows, false)).name, c.want)
+        << c.n_in << "->" << c.n_out << " rows=" << c.n_rows;
+}
+
+// The same on Hopper, where the wgmma variants take over above 32 rows
+// (measured on the H200, 2026-12-01: matmul_tc.cu).
+TEST(CudaTc, ChooseConfigPicksTheMeasuredWgmmaVariants) {
+  const struct {
+    size_t n_in, n_out, n_rows;
+    const char* want;
+  } cases[] = {{4096, 4096, 32, "S64x16"},     {4096, 4096, 64, "W64x64"},
+               {4096, 6144, 64, "W64x64"},     {4096, 28672, 64, "W128x64"},
+               {14336, 4096, 64, "W64x64"},    {4096, 128256, 64, "W128x64"},
+               {4096, 4096, 128, "W64x64"},    {4096, 6144, 128, "W128x64"},
+               {4096, 28672, 128, "W128x128"}, {14336, 4096, 128, "W64x64"},
+               {4096, 4096, 256, "W128x64"},   {4096, 6144, 256, "W128x128"},
+               {4096, 14336, 256, "W128x256"}, {14336, 4096, 256, "W128x64"},
+               {4096, 4096, 512, "W128x128"},  {4096, 6144, 512, "W128x256"},
+               {14336, 4096, 512, "W128x128"}, {4096, 4096, 2048, "W128x256"},
+               {4096, 128256, 8192, "W128x256"}};
+  for (const auto& c : cases)
+    EXPECT_STREQ(cuda::tc::config(cuda::tc::choose_config(c.n_in, c.n_out, c.n_rows, true)).name,
+                 c.want)
         << c.n_in << "->" << c.n_out << " rows=" << c.n_rows;
 }
 
@@ -263,6 +286,7 @@ TEST(CudaTc, ManyWeightsInOneLaunchEqualSeparateCalls) {
     for (size_t i = 0; i < 3; ++i)
       alone.push_back(run_tc(*d_w[i], false, n_in, n_outs[i], d_x.get(), n_rows));
     for (size_t cfg = 0; cfg < cuda::tc::n_configs(); ++cfg) {
+      if (cuda::tc::config(cfg).wgmma && !cuda::tc::wgmma_available()) continue;
       constexpr size_t guard = 64;
       std::vector<std::unique_ptr<DeviceBuffer<float>>> d_y;
       const uint16_t* ws[3];
