@@ -12,7 +12,9 @@
 // Built with -DFERRY_CUDA=ON (tests/CMakeLists.txt); needs a GPU.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -94,6 +96,63 @@ int main(int argc, char** argv) {
   shape.n_kv_heads = kKvHeads;
   shape.head_dim = kD;
   shape.scale = 0.088f;
+  // One case: `rows` cache rows of ctx slots; decode (prompt = 0): a job
+  // per row over all ctx keys; prefill (prompt > 0): `prompt` consecutive
+  // queries per row, query i over keys [0, i + 1) (a causal prompt chunk).
+  auto run_case = [&](const KvFormat& f, size_t rows, size_t ctx, size_t prompt,
+                      std::initializer_list<cuda::AttentionVariant> variants) {
+    const size_t jobs = prompt ? rows * prompt : rows;
+    // Copies of the whole cache, each `rows` rows.
+    size_t copy_bytes = 0;
+    std::vector<Side> ks, vs;
+    do {
+      ks.emplace_back(f, rows, ctx);
+      vs.emplace_back(f, rows, ctx);
+      copy_bytes += ks.back().bytes + vs.back().bytes;
+    } while (copy_bytes < (size_t{256} << 20));
+    const size_t copies = ks.size();
+    float *q = nullptr, *out = nullptr, *ws = nullptr;
+    CK(cudaMalloc(&q, jobs * kHeads * kD * 4));
+    CK(cudaMemset(q, 0x3c, jobs * kHeads * kD * 4));
+    CK(cudaMalloc(&out, jobs * kHeads * kD * 4));
+    const size_t ws_floats = std::max<size_t>(1, cuda::attention_workspace_floats(jobs, shape));
+    const size_t split_floats = prompt ? 1 : jobs * kHeads * 128 * (kD + 2);
+    CK(cudaMalloc(&ws, std::max(ws_floats, split_floats) * 4));
+    std::vector<cuda::AttentionJob*> d_jobs(copies);
+    double read = 0;  // K/V bytes the jobs read (each key once per job)
+    for (size_t c = 0; c < copies; ++c) {
+      std::vector<cuda::AttentionJob> host(jobs);
+      for (size_t j = 0; j < jobs; ++j) {
+        const size_t row = prompt ? j / prompt : j, n = prompt ? j % prompt + 1 : ctx;
+        host[j].q = q + j * kHeads * kD;
+        host[j].out = out + j * kHeads * kD;
+        host[j].k = ks[c].side(row, ctx);
+        host[j].v = vs[c].side(row, ctx);
+        host[j].seg[0] = {0, n};
+        if (c == 0) read += static_cast<double>(ks[c].bytes + vs[c].bytes) / (rows * ctx) * n;
+      }
+      CK(cudaMalloc(&d_jobs[c], jobs * sizeof(cuda::AttentionJob)));
+      CK(cudaMemcpy(d_jobs[c], host.data(), jobs * sizeof(cuda::AttentionJob),
+                    cudaMemcpyHostToDevice));
+    }
+    for (auto v : variants) {
+      const double t = time_launches(
+          [&](size_t i) { cuda::attention_variant(d_jobs[i % copies], jobs, shape, v, ws, nullptr); },
+          9);
+      std::printf("%-6s %5zu %6zu %-6s %9.1f %7.0f\n", f.name().c_str(), jobs, prompt ? prompt : ctx,
+                  variant_name(v), t * 1e6, read / t / 1e9);
+    }
+    std::fflush(stdout);
+    for (size_t c = 0; c < copies; ++c) {
+      ks[c].free();
+      vs[c].free();
+      CK(cudaFree(d_jobs[c]));
+    }
+    CK(cudaFree(q));
+    CK(cudaFree(out));
+    CK(cudaFree(ws));
+  };
+  using V = cuda::AttentionVariant;
   std::printf("\n%-6s %5s %6s %-6s %9s %7s\n", "kv", "jobs", "ctx", "kernel", "us", "GB/s");
   for (const KvFormat& f : formats)
     for (size_t jobs : job_counts)
@@ -101,57 +160,16 @@ int main(int argc, char** argv) {
         if (jobs * ctx > 64 * 4096) continue;
         if (!only_kv.empty() && (f.name() != only_kv || jobs != only_jobs || ctx != only_ctx))
           continue;
-        // Copies of the whole cache, each `jobs` rows.
-        size_t copy_bytes = 0;
-        std::vector<Side> ks, vs;
-        do {
-          ks.emplace_back(f, jobs, ctx);
-          vs.emplace_back(f, jobs, ctx);
-          copy_bytes += ks.back().bytes + vs.back().bytes;
-        } while (copy_bytes < (size_t{256} << 20));
-        const size_t copies = ks.size();
-        float *q = nullptr, *out = nullptr, *ws = nullptr;
-        CK(cudaMalloc(&q, jobs * kHeads * kD * 4));
-        CK(cudaMemset(q, 0x3c, jobs * kHeads * kD * 4));
-        CK(cudaMalloc(&out, jobs * kHeads * kD * 4));
-        const size_t ws_floats = std::max<size_t>(1, cuda::attention_workspace_floats(jobs, shape));
-        const size_t split_floats = jobs * kHeads * 128 * (kD + 2);
-        CK(cudaMalloc(&ws, std::max(ws_floats, split_floats) * 4));
-        std::vector<cuda::AttentionJob*> d_jobs(copies);
-        for (size_t c = 0; c < copies; ++c) {
-          std::vector<cuda::AttentionJob> host(jobs);
-          for (size_t j = 0; j < jobs; ++j) {
-            host[j].q = q + j * kHeads * kD;
-            host[j].out = out + j * kHeads * kD;
-            host[j].k = ks[c].side(j, ctx);
-            host[j].v = vs[c].side(j, ctx);
-            host[j].seg[0] = {0, ctx};
-          }
-          CK(cudaMalloc(&d_jobs[c], jobs * sizeof(cuda::AttentionJob)));
-          CK(cudaMemcpy(d_jobs[c], host.data(), jobs * sizeof(cuda::AttentionJob),
-                        cudaMemcpyHostToDevice));
-        }
-        const double read = static_cast<double>(copy_bytes) / copies;
-        for (auto v : {cuda::AttentionVariant::Auto, cuda::AttentionVariant::PerBlock,
-                       cuda::AttentionVariant::Split}) {
-          const double t = time_launches(
-              [&](size_t i) {
-                cuda::attention_variant(d_jobs[i % copies], jobs, shape, v, ws, nullptr);
-              },
-              9);
-          std::printf("%-6s %5zu %6zu %-6s %9.1f %7.0f\n", f.name().c_str(), jobs, ctx,
-                      variant_name(v), t * 1e6, read / t / 1e9);
-        }
-        std::fflush(stdout);
-        for (size_t c = 0; c < copies; ++c) {
-          ks[c].free();
-          vs[c].free();
-          CK(cudaFree(d_jobs[c]));
-        }
-        CK(cudaFree(q));
-        CK(cudaFree(out));
-        CK(cudaFree(ws));
+        run_case(f, jobs, ctx, 0, {V::Auto, V::PerBlock, V::Split});
       }
+  // Prefill steps: 17 and 44 prompts of 128 tokens (the 64- and 256-stream
+  // runs' prompt steps); "ctx" is the prompt length, GB/s counts each
+  // query's keys.
+  if (only_kv.empty()) {
+    std::printf("\nprefill (causal prompts of 128 tokens)\n");
+    for (const KvFormat& f : {KvFormat::bf16(), KvFormat::affine(4, 64)})
+      for (size_t prompts : {17, 44}) run_case(f, prompts, 128, 128, {V::PerWarp, V::PerBlock});
+  }
 
   if (!only_kv.empty()) return 0;
   // kv_store: one step's tokens written into a cache of 4096 slots.

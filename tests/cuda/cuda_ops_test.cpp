@@ -602,7 +602,10 @@ TEST(CudaOps, AttentionJobIsBatchInvariant) {
 // steps of few jobs) give the same bits for every job: keys from one tile
 // to more than the 128 virtual warps' first round (up to 4,400 keys),
 // wrapped segments, GQA groups of 1, 4 and 8, dense and affine K/V, in
-// batches below and above the automatic switches.
+// batches below and above the automatic switches; and batches of prompt
+// chunks (runs of consecutive queries of one cache row, each seeing one key
+// more than the one before, some wrapped and some past 4,096 keys), the
+// job lists of prefill steps.
 TEST(CudaOps, AttentionVariantsAreBitIdentical) {
   REQUIRE_GPU();
   for (const AttnCase& ac :
@@ -613,9 +616,23 @@ TEST(CudaOps, AttentionVariantsAreBitIdentical) {
     constexpr size_t C = 4400;
     AttnFixture f(ac, C, 77);
     std::mt19937 rng(11);
-    for (size_t batch : {5, 40, 600}) {
+    for (size_t batch : {5, 40, 600, 601}) {
       std::vector<JobSpec> specs;
-      for (size_t i = 0; i < batch; ++i) {
+      if (batch == 601) {  // prompt chunks
+        while (specs.size() < batch) {
+          const size_t len = 1 + rng() % 50, kind = rng() % 4;
+          for (size_t i = 0; i < len && specs.size() < batch; ++i) {
+            const auto q_seed = static_cast<uint32_t>(specs.size());
+            if (kind == 0)  // a wrapped row: slots 4000.. then 0..
+              specs.push_back({{{4000, C}, {0, 10 + i}}, q_seed});
+            else if (kind == 1)  // past the virtual warps' first round
+              specs.push_back({{{0, 4150 + i}, {0, 0}}, q_seed});
+            else
+              specs.push_back({{{300, 301 + 37 * kind + i}, {0, 0}}, q_seed});
+          }
+        }
+      }
+      for (size_t i = 0; specs.size() < batch; ++i) {
         const size_t b = rng() % (i % 2 ? 300 : C - 100), e = b + 1 + rng() % (C - b - 1);
         if (i % 7 == 3)
           specs.push_back({{{b, C}, {0, 1 + rng() % 200}}, static_cast<uint32_t>(i)});
