@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
         if (jobs * ctx > 64 * 4096) continue;
         if (!only_kv.empty() && (f.name() != only_kv || jobs != only_jobs || ctx != only_ctx))
           continue;
-        run_case(f, jobs, ctx, 0, {V::Auto, V::PerBlock, V::Split});
+        run_case(f, jobs, ctx, 0, {V::Auto, V::PerBlock, V::PerWarp, V::Split});
       }
   // Prefill steps: 17 and 44 prompts of 128 tokens (the 64- and 256-stream
   // runs' prompt steps); "ctx" is the prompt length, GB/s counts each

@@ -60,6 +60,13 @@ __device__ __forceinline__ uint16_t f2bf(float f) {
   return static_cast<uint16_t>(x >> 16);
 }
 
+// SwiGLU's gating of one element, silu(g) * u, as the CPU writes it
+// (g / (1 + exp(-g)), then * u; each step rounded): silu_mul and the fused
+// product epilogue (matmul_tc_swiglu) both use this.
+__device__ __forceinline__ float silu_mul_one(float g, float u) {
+  return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
 // ---- loads ------------------------------------------------------------------
 
 __device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) {

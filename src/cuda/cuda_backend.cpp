@@ -411,6 +411,34 @@ class CudaBackend final : public model::Backend {
     cuda::rope(p.x, p.rows, p.heads, p.head_dim, p.pos, p.inv_freq, stream_);
   }
 
+  // Gate and up products with the gating in their epilogue where the tile
+  // allows it (cuda::matmul_tc_swiglu: the same bits as the three ops), else
+  // the ops one by one. The bf16 copy of gate that the down product reads
+  // goes to its own buffer: the kernel still reads x's from xtc_.
+  void gate_up_silu(const kernels::WeightView& w_gate, const kernels::WeightView& w_up,
+                    const float* x, size_t n_rows, float* gate, float* up) override {
+    if (replaying()) return;
+    const size_t n_in = w_gate.n_in, F = w_gate.n_out;
+    const bool fuse = dense_weights_ && (opts_.deterministic || n_rows <= kFastMatvecRows) &&
+                      w_gate.type == DType::BF16 && w_up.type == DType::BF16 &&
+                      w_up.n_in == n_in && w_up.n_out == F &&
+                      cuda::matmul_tc_swiglu_applies(n_in, F, n_rows);
+    if (!fuse) return Backend::gate_up_silu(w_gate, w_up, x, n_rows, gate, up);
+    const uint16_t* xb =
+        bf16_copy_.x == x && bf16_copy_.n == n_rows * n_in ? bf16_copy_.b : nullptr;
+    mark("matmul");
+    if (!xb) {
+      uint16_t* b = static_cast<uint16_t*>(xtc_.get(n_rows * n_in * 2, stream_));
+      cuda::f32_to_bf16(x, n_rows * n_in, b, stream_);
+      xb = b;
+    }
+    auto* gate_b = static_cast<uint16_t*>(xtc_out_.get(n_rows * F * 2, stream_));
+    cuda::matmul_tc_swiglu(reinterpret_cast<const uint16_t*>(w_gate.data),
+                           reinterpret_cast<const uint16_t*>(w_up.data), n_in, F, xb, n_rows, gate,
+                           gate_b, stream_);
+    bf16_copy_ = {gate, n_rows * F, gate_b};
+  }
+
   void silu_mul(float* gate, const float* up, size_t n) override {
     if (replaying()) return;
     mark("silu_mul");
@@ -731,9 +759,9 @@ class CudaBackend final : public model::Backend {
   enum class Mode { Direct, Capture, Replay };
   // Where the buffers a captured graph's nodes point into are now: a graph
   // replays only while they have not moved.
-  using Buffers = std::array<const void*, 8>;
+  using Buffers = std::array<const void*, 9>;
   Buffers buffers() const {
-    return {arena_.ptr,         staging_dev_, pinned_, xtc_.ptr, xq_.ptr, attn_ws_.ptr,
+    return {arena_.ptr,         staging_dev_, pinned_, xtc_.ptr, xtc_out_.ptr, xq_.ptr, attn_ws_.ptr,
             step_writes_buf_.ptr, step_jobs_buf_.ptr};
   }
   struct Graph {
@@ -826,7 +854,7 @@ class CudaBackend final : public model::Backend {
   void* blas_workspace_ = nullptr;
   std::shared_ptr<DeviceKvAllocator> kv_alloc_;
   std::vector<void*> owned_;  // weights and vectors
-  Growable arena_, dequant_, xconv_, xtc_, xq_, attn_ws_, select_;
+  Growable arena_, dequant_, xconv_, xtc_, xtc_out_, xq_, attn_ws_, select_;
   bool dense_weights_ = false;  // a BF16/F16 weight was loaded
   Bf16Copy bf16_copy_;
   // Staging for uploads: pinned host memory and its device twin.

@@ -89,6 +89,17 @@ void matmul_tc_many(std::span<const uint16_t* const> w, bool w_f16, size_t n_in,
                     std::span<const size_t> n_out, const uint16_t* x, size_t n_rows,
                     std::span<float* const> y, cudaStream_t stream);
 
+// The FFN's SwiGLU input in one launch, for bf16 weights of the same shape
+// where matmul_tc_swiglu_applies (a Hopper GPU and a step of more than 32
+// rows, where the products take wgmma tiles): gate[r, j] = silu_mul of
+// matmul_tc(w_gate)[r, j] and matmul_tc(w_up)[r, j], bit-identical to those
+// two products followed by silu_mul, and gate_bf16 (if not null; not
+// overlapping x) its bf16 rounding.
+bool matmul_tc_swiglu_applies(size_t n_in, size_t n_out, size_t n_rows);
+void matmul_tc_swiglu(const uint16_t* w_gate, const uint16_t* w_up, size_t n_in, size_t n_out,
+                      const uint16_t* x, size_t n_rows, float* gate, uint16_t* gate_bf16,
+                      cudaStream_t stream);
+
 // MatmulMode::Int8 on the GPU (docs/CUDA.md, "Int8 mode"): activations
 // quantized per 32-element block as the CPU does (kernels/ops.h: d =
 // amax / 127, codes round_even(x / d) clamped to [-127, 127]; a block with

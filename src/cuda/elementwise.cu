@@ -186,8 +186,7 @@ __global__ void silu_mul_kernel(float* gate, const float* up, size_t n, uint16_t
   dependency_wait();
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
        i += size_t{gridDim.x} * blockDim.x) {
-    const float g = gate[i];
-    const float v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[i]);
+    const float v = silu_mul_one(gate[i], up[i]);
     gate[i] = v;
     if (gate_bf16) gate_bf16[i] = f2bf(v);
   }

@@ -366,34 +366,49 @@ struct WgTile {
   static_assert(STAGES >= 3, "one stage computing, one being freed, one landing");
 };
 
-template <int WGM, int BN, int STAGES>
+// kSwiglu (two warpgroups): the fused FFN input, ws.w[0] = gate and
+// ws.w[1] = up of the same shape. A CTA's column tile is 64 columns of both:
+// warpgroup 0 computes gate's, warpgroup 1 up's (the same chains as in
+// separate products), and the epilogue writes silu_mul_one(gate, up) to
+// ws.y[0] (and its bf16 rounding to y_bf16) instead of either product.
+template <int WGM, int BN, int STAGES, bool kSwiglu>
 __global__ void __launch_bounds__(WgTile<WGM, BN, STAGES>::kThreads)
     matmul_wg_kernel(Weights ws, const uint16_t* __restrict__ x, uint32_t n_in, uint32_t n_rows,
-                     uint32_t row_tiles) {
+                     uint32_t row_tiles, uint16_t* __restrict__ y_bf16) {
 #if FERRY_SM90A
   using T = WgTile<WGM, BN, STAGES>;
+  static_assert(!kSwiglu || WGM == 2, "gate and up: one warpgroup each");
   constexpr int BM = T::kBM, BK = T::kBK, KK = BK / 16;
+  constexpr int kWRows = kSwiglu ? 64 : BM;  // weight rows per copy plan
   extern __shared__ uint4 smem_raw[];
   const uint32_t smem =
       (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
 
   const uint32_t r0 = (blockIdx.x % row_tiles) * BN;
   uint32_t col_tile = blockIdx.x / row_tiles, wi = 0;
-  while (col_tile >= ws.tiles[wi]) col_tile -= ws.tiles[wi++];
+  if constexpr (!kSwiglu)
+    while (col_tile >= ws.tiles[wi]) col_tile -= ws.tiles[wi++];
   const uint16_t* __restrict__ w = ws.w[wi];
   float* __restrict__ y = ws.y[wi];
   const uint32_t n_out = ws.n_out[wi];
-  const uint32_t j0 = col_tile * BM;
+  const uint32_t j0 = col_tile * kWRows;
   const uint32_t k_steps = n_in / 16;
 
-  CopyPlan<BM, BK, T::kThreads> wcopy(w, j0, n_out, n_in);
+  // The stage's weight rows: [0, kWRows) from w; with kSwiglu [64, 128)
+  // from up (the same columns).
+  CopyPlan<kWRows, BK, T::kThreads> wcopy(w, j0, n_out, n_in);
+  CopyPlan<kWRows, BK, T::kThreads> ucopy(kSwiglu ? ws.w[1] : w, j0, n_out, n_in);
   CopyPlan<BN, BK, T::kThreads> xcopy(x, r0, n_rows, n_in);
+  auto issue_w = [&](uint32_t stage, uint32_t kt) {
+    wcopy.issue(stage, kt, n_in);
+    if constexpr (kSwiglu) ucopy.issue(stage + 64 * BK * 2, kt, n_in);
+  };
 
   // Weights of the first tiles before the dependency wait (as in
   // matmul_tc_kernel); group s = tile s's activations (+ group 0: the
   // prologue's weights).
 #pragma unroll
-  for (int s = 0; s < STAGES - 2; ++s) wcopy.issue(smem + s * T::kStageBytes, s, n_in);
+  for (int s = 0; s < STAGES - 2; ++s) issue_w(smem + s * T::kStageBytes, s);
   detail::dependency_wait();
 #pragma unroll
   for (int s = 0; s < STAGES - 2; ++s) {
@@ -414,7 +429,7 @@ __global__ void __launch_bounds__(WgTile<WGM, BN, STAGES>::kThreads)
     detail::fence_proxy_async();
     __syncthreads();  // everyone's copies; every warpgroup done with tile kt - 2
     const uint32_t ws_addr = smem + write_slot * T::kStageBytes;
-    wcopy.issue(ws_addr, kt + STAGES - 2, n_in);  // zero-fills past the end
+    issue_w(ws_addr, kt + STAGES - 2);  // zero-fills past the end
     xcopy.issue(ws_addr + T::kWBytes, kt + STAGES - 2, n_in);
     cp_async_commit();
     write_slot = write_slot + 1 == STAGES ? 0 : write_slot + 1;
@@ -444,16 +459,45 @@ __global__ void __launch_bounds__(WgTile<WGM, BN, STAGES>::kThreads)
 
   const int lane = static_cast<int>(threadIdx.x) % 32, warp = (threadIdx.x / 32) % 4;
   const int g = lane / 4, c = lane % 4;
+  if constexpr (kSwiglu) {
+    // Up's accumulators to shared memory (the stages are free: every copy
+    // and wgmma is done once all threads pass the barrier), element i of
+    // thread t at i * 128 + t; gate's thread t of warpgroup 0 holds the same
+    // (j, r) positions in the same order.
+    float* up_s = reinterpret_cast<float*>(smem_raw) +
+                  (smem - static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw))) / 4;
+    const uint32_t t = threadIdx.x % 128;
+    __syncthreads();
+    if (wg == 1)
 #pragma unroll
-  for (int i = 0; i < BN / 8; ++i)
+      for (int i = 0; i < BN / 2; ++i) up_s[i * 128 + t] = acc[i];
+    __syncthreads();
+    if (wg == 1) return;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const uint32_t j = j0 + wg * 64 + warp * 16 + g + 8 * (e / 2);
-      const uint32_t r = r0 + i * 8 + 2 * c + e % 2;
-      if (j < n_out && r < n_rows) y[size_t{r} * n_out + j] = acc[i * 4 + e];
-    }
+    for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint32_t j = j0 + warp * 16 + g + 8 * (e / 2);
+        const uint32_t r = r0 + i * 8 + 2 * c + e % 2;
+        if (j < n_out && r < n_rows) {
+          const float v = detail::silu_mul_one(acc[i * 4 + e], up_s[(i * 4 + e) * 128 + t]);
+          y[size_t{r} * n_out + j] = v;
+          if (y_bf16) y_bf16[size_t{r} * n_out + j] = f2bf(v);
+        }
+      }
+  } else {
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint32_t j = j0 + wg * 64 + warp * 16 + g + 8 * (e / 2);
+        const uint32_t r = r0 + i * 8 + 2 * c + e % 2;
+        if (j < n_out && r < n_rows) y[size_t{r} * n_out + j] = acc[i * 4 + e];
+      }
+  }
 #else
-  (void)ws, (void)x, (void)n_in, (void)n_rows, (void)row_tiles;
+  (void)ws, (void)x, (void)n_in, (void)n_rows, (void)row_tiles, (void)y_bf16;
+  (void)WgTile<WGM, BN, STAGES>::kWBytes;  // (the sm_90a image's)
 #endif
 }
 
@@ -489,6 +533,9 @@ struct Variant {
                    T::kThreads, T::kSmemBytes, a.stream, ws, a.x, static_cast<uint32_t>(a.n_in),
                    static_cast<uint32_t>(a.n_rows), static_cast<uint32_t>(row_tiles));
   }
+  static void launch_swiglu(const Args&, uint16_t*) {
+    FERRY_CHECK(false, "matmul_tc_swiglu", "needs a two-warpgroup variant");
+  }
 };
 
 // A Hopper variant. f16 weights need the hi / lo split in registers, which
@@ -503,8 +550,8 @@ struct WgVariant {
       Variant<128, 128, 2, 4, 64, 3>::launch<true>(a);
     } else {
       using T = WgTile<WGM, BN, STAGES>;
-      auto* kernel = matmul_wg_kernel<WGM, BN, STAGES>;
-      detail::raise_smem_limit<matmul_wg_kernel<WGM, BN, STAGES>>(T::kSmemBytes);
+      auto* kernel = matmul_wg_kernel<WGM, BN, STAGES, false>;
+      detail::raise_smem_limit<matmul_wg_kernel<WGM, BN, STAGES, false>>(T::kSmemBytes);
       Weights ws = a.ws;
       size_t col_tiles = 0;
       for (int i = 0; i < ws.n; ++i) {
@@ -516,7 +563,28 @@ struct WgVariant {
                   "too many tiles: n_rows=", a.n_rows, " column tiles=", col_tiles);
       detail::launch("matmul_wg_kernel", kernel, static_cast<unsigned>(row_tiles * col_tiles),
                      T::kThreads, T::kSmemBytes, a.stream, ws, a.x, static_cast<uint32_t>(a.n_in),
-                     static_cast<uint32_t>(a.n_rows), static_cast<uint32_t>(row_tiles));
+                     static_cast<uint32_t>(a.n_rows), static_cast<uint32_t>(row_tiles),
+                     static_cast<uint16_t*>(nullptr));
+    }
+  }
+
+  // The fused SwiGLU input (two warpgroups only): a.ws = {gate, up}, of
+  // equal n_out; writes silu(x gate^T) * (x up^T) to a.ws.y[0] and y_bf16.
+  static void launch_swiglu(const Args& a, uint16_t* y_bf16) {
+    if constexpr (WGM == 2) {
+      using T = WgTile<WGM, BN, STAGES>;
+      auto* kernel = matmul_wg_kernel<WGM, BN, STAGES, true>;
+      detail::raise_smem_limit<matmul_wg_kernel<WGM, BN, STAGES, true>>(T::kSmemBytes);
+      const size_t col_tiles = (a.ws.n_out[0] + 63) / 64, row_tiles = (a.n_rows + BN - 1) / BN;
+      FERRY_CHECK(row_tiles * col_tiles <= 0x7fffffffu, "matmul_tc_swiglu",
+                  "too many tiles: n_rows=", a.n_rows, " column tiles=", col_tiles);
+      detail::launch("matmul_wg_swiglu_kernel", kernel,
+                     static_cast<unsigned>(row_tiles * col_tiles), T::kThreads, T::kSmemBytes,
+                     a.stream, a.ws, a.x, static_cast<uint32_t>(a.n_in),
+                     static_cast<uint32_t>(a.n_rows), static_cast<uint32_t>(row_tiles), y_bf16);
+    } else {
+      (void)a, (void)y_bf16;
+      FERRY_CHECK(false, "matmul_tc_swiglu", "needs a two-warpgroup variant");
     }
   }
 };
@@ -551,7 +619,7 @@ using Variants =
                WgVariant<2, 256, 4>,            // 21 W128x256  192 KB, 2 warpgroups (sm_90a)
                WgVariant<2, 128, 5>,            // 22 W128x128  160 KB
                WgVariant<1, 128, 6>,            // 23 W64x128   144 KB, 1 warpgroup
-               WgVariant<2, 64, 6>,             // 24 W128x64   144 KB
+               WgVariant<2, 64, 6>,             // 24 W128x64   144 KB (swiglu_config)
                WgVariant<1, 256, 4>,            // 25 W64x256   160 KB
                WgVariant<1, 64, 8>>;            // 26 W64x64    128 KB
 
@@ -565,16 +633,19 @@ constexpr size_t kN = std::tuple_size_v<Variants>;
 static_assert(std::size(kNames) == kN);
 
 using LaunchFn = void (*)(const Args&);
+using SwigluFn = void (*)(const Args&, uint16_t*);
 
 template <size_t... I>
 constexpr auto make_table(std::index_sequence<I...>) {
   struct Table {
     TileConfig cfg[kN];
     LaunchFn bf16[kN], f16[kN];
+    SwigluFn swiglu[kN];
   } t{};
   ((t.cfg[I] = std::tuple_element_t<I, Variants>::kConfig, t.cfg[I].name = kNames[I],
     t.bf16[I] = &std::tuple_element_t<I, Variants>::template launch<false>,
-    t.f16[I] = &std::tuple_element_t<I, Variants>::template launch<true>),
+    t.f16[I] = &std::tuple_element_t<I, Variants>::template launch<true>,
+    t.swiglu[I] = &std::tuple_element_t<I, Variants>::launch_swiglu),
    ...);
   return t;
 }
@@ -604,7 +675,7 @@ bool wgmma_available() {
   // The kernel's image: sm_90a SASS reports PTX version 90; a JIT from the
   // portable compute_80 PTX (any other GPU) reports 80.
   cudaFuncAttributes attr{};
-  FERRY_CUDA_CHECK(cudaFuncGetAttributes(&attr, matmul_wg_kernel<1, 64, 8>));
+  FERRY_CUDA_CHECK(cudaFuncGetAttributes(&attr, matmul_wg_kernel<1, 64, 8, false>));
   const bool yes = attr.ptxVersion >= 90 && attr.binaryVersion == 90;
   if (dev >= 0 && dev < 64) known[dev].store(yes ? 2 : 1, std::memory_order_relaxed);
   return yes;
@@ -686,6 +757,30 @@ void matmul_tc_many_with(size_t cfg, std::span<const uint16_t* const> w, bool w_
   (w_f16 ? kTable.f16 : kTable.bf16)[cfg](a);
 }
 
+bool swiglu_variant(size_t cfg) {
+  return cfg < kN && kTable.cfg[cfg].wgmma && kTable.cfg[cfg].wm == 2;
+}
+
+void matmul_tc_swiglu_with(size_t cfg, const uint16_t* w_gate, const uint16_t* w_up, size_t n_in,
+                           size_t n_out, const uint16_t* x, size_t n_rows, float* gate,
+                           uint16_t* gate_bf16, cudaStream_t stream) {
+  FERRY_CHECK(swiglu_variant(cfg), "matmul_tc_swiglu", "config ", cfg,
+              " is not a two-warpgroup wgmma variant");
+  FERRY_CHECK(wgmma_available(), "matmul_tc_swiglu", "variant ", kTable.cfg[cfg].name,
+              " needs a Hopper GPU (sm_90a)");
+  check_args(n_in, n_out, n_rows, w_gate, x);
+  check_args(n_in, n_out, n_rows, w_up, x);
+  if (n_rows == 0 || n_out == 0) return;
+  Args a{{}, n_in, x, n_rows, stream};
+  a.ws.w[0] = w_gate;
+  a.ws.w[1] = w_up;
+  a.ws.y[0] = gate;
+  a.ws.y[1] = nullptr;
+  a.ws.n_out[0] = a.ws.n_out[1] = static_cast<uint32_t>(n_out);
+  a.ws.n = 2;
+  kTable.swiglu[cfg](a, gate_bf16);
+}
+
 void matmul_tc_with(size_t cfg, const uint16_t* w, bool w_f16, size_t n_in, size_t n_out,
                     const uint16_t* x, size_t n_rows, float* y, cudaStream_t stream) {
   matmul_tc_many_with(cfg, std::span<const uint16_t* const>(&w, 1), w_f16, n_in,
@@ -702,6 +797,31 @@ void matmul_tc_many(std::span<const uint16_t* const> w, bool w_f16, size_t n_in,
   for (size_t n : n_out) total += n;
   tc::matmul_tc_many_with(tc::choose_config(n_in, total, n_rows, tc::wgmma_available()), w, w_f16, n_in, n_out, x, n_rows,
                           y, stream);
+}
+
+namespace {
+// The fused tile: the one matmul_tc_many would take for gate and up in one
+// launch when it has two warpgroups, W128x64 where it picked the
+// one-warpgroup W64x64 (few columns: about as many CTAs either way); none
+// (kN) where no wgmma tile applies (32 rows or fewer, other GPUs).
+size_t swiglu_config(size_t n_in, size_t n_out, size_t n_rows) {
+  if (!tc::wgmma_available()) return tc::n_configs();
+  const size_t cfg = tc::choose_config(n_in, 2 * n_out, n_rows, true);
+  if (tc::swiglu_variant(cfg)) return cfg;
+  return tc::config(cfg).wgmma ? 24 : tc::n_configs();  // 24: W128x64
+}
+}  // namespace
+
+bool matmul_tc_swiglu_applies(size_t n_in, size_t n_out, size_t n_rows) {
+  return swiglu_config(n_in, n_out, n_rows) < tc::n_configs();
+}
+void matmul_tc_swiglu(const uint16_t* w_gate, const uint16_t* w_up, size_t n_in, size_t n_out,
+                      const uint16_t* x, size_t n_rows, float* gate, uint16_t* gate_bf16,
+                      cudaStream_t stream) {
+  const size_t cfg = swiglu_config(n_in, n_out, n_rows);
+  FERRY_CHECK(cfg < tc::n_configs(), "matmul_tc_swiglu", "no fused tile for n_in=", n_in,
+              " n_out=", n_out, " n_rows=", n_rows);
+  tc::matmul_tc_swiglu_with(cfg, w_gate, w_up, n_in, n_out, x, n_rows, gate, gate_bf16, stream);
 }
 
 void matmul_tc(const uint16_t* w, bool w_f16, size_t n_in, size_t n_out, const uint16_t* x,

@@ -70,6 +70,12 @@ size_t choose_config(size_t n_in, size_t n_out, size_t n_rows, bool wgmma);
 // same results).
 void matmul_tc_with(size_t config, const uint16_t* w, bool w_f16, size_t n_in, size_t n_out,
                     const uint16_t* x, size_t n_rows, float* y, cudaStream_t stream);
+// Whether variant `config` can run the fused SwiGLU input (a wgmma variant
+// of two warpgroups), and matmul_tc_swiglu with it forced.
+bool swiglu_variant(size_t config);
+void matmul_tc_swiglu_with(size_t config, const uint16_t* w_gate, const uint16_t* w_up,
+                           size_t n_in, size_t n_out, const uint16_t* x, size_t n_rows,
+                           float* gate, uint16_t* gate_bf16, cudaStream_t stream);
 void matmul_tc_many_with(size_t config, std::span<const uint16_t* const> w, bool w_f16,
                          size_t n_in, std::span<const size_t> n_out, const uint16_t* x,
                          size_t n_rows, std::span<float* const> y, cudaStream_t stream);

@@ -65,6 +65,16 @@ class Backend {
   virtual void rope(float* x, size_t n_heads, size_t head_dim, std::span<const int32_t> host_pos,
                     const float* inv_freq) = 0;
   virtual void silu_mul(float* gate, const float* up, size_t n) = 0;
+  // The FFN's SwiGLU input: gate = silu(x w_gate^T) * (x w_up^T) for n_rows
+  // rows of x, with `up` (gate's size) as scratch. A backend may fuse the
+  // products and the gating; the results are those of the two calls below.
+  virtual void gate_up_silu(const kernels::WeightView& w_gate, const kernels::WeightView& w_up,
+                            const float* x, size_t n_rows, float* gate, float* up) {
+    const kernels::WeightView w[] = {w_gate, w_up};
+    float* const y[] = {gate, up};
+    matmul_many(w, x, n_rows, y);
+    silu_mul(gate, up, n_rows * w_gate.n_out);
+  }
   virtual void add_inplace(float* x, const float* y, size_t n) = 0;
   // x += y, then rmsnorm(x) into out (a residual add and the next norm): a
   // backend may fuse them; the results are those of the two calls.

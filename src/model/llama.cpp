@@ -187,10 +187,7 @@ void LlamaModel::run(Backend& be, const LlamaWeights& w, kv::BatchKv& kv,
     be.matmul(lw.wo, attn, T, tmp);
     be.add_rmsnorm(x, tmp, lw.ffn_norm, T, E, c.rms_eps, xn);
 
-    const kernels::WeightView gate_up_w[] = {lw.w_gate, lw.w_up};
-    float* const gate_up_y[] = {gate, up};
-    be.matmul_many(gate_up_w, xn, T, gate_up_y);
-    be.silu_mul(gate, up, T * F);
+    be.gate_up_silu(lw.w_gate, lw.w_up, xn, T, gate, up);
     be.matmul(lw.w_down, gate, T, tmp);
     if (l + 1 < c.n_layers)
       be.add_rmsnorm(x, tmp, w.layers[l + 1].attn_norm, T, E, c.rms_eps, xn);

@@ -14,6 +14,7 @@
 // observed error is printed (typically far under it).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -22,6 +23,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "cuda/cuda_ops.h"
 #include "cuda/matmul_tc.cuh"
 #include "cuda_test_util.h"
 
@@ -304,6 +306,56 @@ TEST(CudaTc, ManyWeightsInOneLaunchEqualSeparateCalls) {
             << cuda::tc::config(cfg).name << " weight " << i << " rows " << n_rows;
         for (size_t k = n_rows * n_outs[i]; k < y.size(); ++k)
           ASSERT_EQ(bits(y[k]), 0xffffffffu) << "weight " << i << " wrote past its end";
+      }
+    }
+  }
+}
+
+// The fused SwiGLU input (Hopper): every two-warpgroup wgmma variant gives
+// silu_mul(matmul_tc(gate), matmul_tc(up)) bit for bit, and its bf16 copy
+// that of silu_mul; ragged widths and row counts, nothing written past the
+// outputs; matmul_tc_swiglu applies exactly above 32 rows.
+TEST(CudaTc, SwigluEpilogueEqualsSeparateOps) {
+  REQUIRE_GPU();
+  if (!cuda::tc::wgmma_available()) GTEST_SKIP() << "no sm_90a GPU here";
+  EXPECT_FALSE(cuda::matmul_tc_swiglu_applies(4096, 14336, 32));
+  EXPECT_TRUE(cuda::matmul_tc_swiglu_applies(4096, 14336, 33));
+  EXPECT_TRUE(cuda::matmul_tc_swiglu_applies(64, 8, 300));
+  for (const Shape& s : {Shape{1040, 77}, Shape{64, 200}, Shape{4096, 136}}) {
+    const auto wg = random_half16(s.n_out * s.n_in, 601 + s.n_in, false);
+    const auto wu = random_half16(s.n_out * s.n_in, 602 + s.n_in, false);
+    const DeviceBuffer<uint16_t> d_wg(wg.bits), d_wu(wu.bits);
+    for (size_t n_rows : {1, 33, 70, 300}) {
+      const size_t n = n_rows * s.n_out;
+      const auto x = random_half16(n_rows * s.n_in, 603 + n_rows, false, 2.0f);
+      const DeviceBuffer<uint16_t> d_x(x.bits);
+      // The separate ops: two products, then silu_mul with its bf16 copy.
+      DeviceBuffer<float> g(run_tc(d_wg, false, s.n_in, s.n_out, d_x.get(), n_rows)),
+          u(run_tc(d_wu, false, s.n_in, s.n_out, d_x.get(), n_rows));
+      DeviceBuffer<uint16_t> gb(n);
+      cuda::silu_mul(g.get(), u.get(), n, nullptr, gb.get());
+      const auto want = g.download();
+      const auto want_b = gb.download();
+      for (size_t cfg = 0; cfg < cuda::tc::n_configs(); ++cfg) {
+        if (!cuda::tc::swiglu_variant(cfg)) continue;
+        constexpr size_t guard = 64;
+        DeviceBuffer<float> y(n + guard);
+        DeviceBuffer<uint16_t> yb(n + guard);
+        y.poison();
+        CK(cudaMemset(yb.get(), 0xff, (n + guard) * 2));
+        cuda::tc::matmul_tc_swiglu_with(cfg, d_wg.get(), d_wu.get(), s.n_in, s.n_out, d_x.get(),
+                                        n_rows, y.get(), yb.get(), nullptr);
+        const auto got = y.download();
+        const auto got_b = yb.download();
+        EXPECT_EQ(first_bit_diff(want, got.data(), n), -1)
+            << cuda::tc::config(cfg).name << " n_in=" << s.n_in << " n_out=" << s.n_out
+            << " rows=" << n_rows;
+        EXPECT_TRUE(std::equal(want_b.begin(), want_b.end(), got_b.begin()))
+            << "bf16 copy, " << cuda::tc::config(cfg).name << " rows=" << n_rows;
+        for (size_t k = n; k < n + guard; ++k) {
+          ASSERT_EQ(bits(got[k]), 0xffffffffu) << "wrote past the end";
+          ASSERT_EQ(got_b[k], 0xffffu) << "wrote past the bf16 copy's end";
+        }
       }
     }
   }
