@@ -401,6 +401,45 @@ TEST(GpuLargeStep, RowsMatchSoloAcrossStagingGrowth) {
   }
 }
 
+// Dense weights change product kernels with the step's rows (matmul_tc:
+// weight-streaming mma.sync tiles up to 32 rows; on Hopper wgmma tiles and,
+// for bf16, gate/up/SwiGLU in one launch above): 12 prompts of 40 tokens in
+// one 480-row step give each row's last logits bit for bit as the row alone
+// does, prefilled 5 tokens at a time (steps of 5 rows).
+TEST(GpuLargeStep, DenseRowsMatchSoloAcrossKernelSwitch) {
+  for (const char* name : {"tiny-llama-bf16", "tiny-llama-f16"}) {
+    auto gpu = gpu_model(test::data_path(std::string("models/") + name + ".gguf"));
+    ThreadPool pool(2);
+    kernels::Context ctx{&pool, best_cpu_path()};
+    const kv::KvSpec spec =
+        gpu->config().kv_spec(kernels::KvFormat::f16(), kernels::KvFormat::f16());
+    const size_t rows = 12, len = 40, V = gpu->config().vocab_size;
+    std::mt19937 rng(21);
+    std::vector<std::vector<int32_t>> prompts(rows, std::vector<int32_t>(len));
+    for (auto& p : prompts)
+      for (auto& t : p) t = static_cast<int32_t>(rng() % V);
+    kv::BatchKv big(spec, gpu->kv_allocator());
+    big.prepare_prefill(std::vector<size_t>(rows, len));
+    std::vector<RowInput> in;
+    for (const auto& p : prompts) in.push_back(RowInput{p});
+    std::vector<float> all;
+    gpu->forward(ctx, big, in, all);
+    ASSERT_EQ(all.size(), rows * V);
+    for (size_t r = 0; r < rows; r += 5) {
+      kv::BatchKv solo(spec, gpu->kv_allocator());
+      solo.prepare_prefill(std::vector<size_t>{len});
+      std::vector<float> one;
+      for (size_t i = 0; i < len; i += 5) {
+        const RowInput row{std::span<const int32_t>(prompts[r]).subspan(i, 5)};
+        gpu->forward(ctx, solo, std::span<const RowInput>(&row, 1), one);
+      }
+      solo.finalize_prefill();
+      ASSERT_EQ(std::memcmp(one.data(), &all[r * V], V * sizeof(float)), 0)
+          << name << " row " << r;
+    }
+  }
+}
+
 // The same in fast mode with 12 rows, whose products go to cuBLAS: the
 // captured cuBLAS calls replay the bits of direct ones.
 TEST(GpuGraphs, FastModeReplaysCublasBitForBit) {
