@@ -511,6 +511,24 @@ struct Args {
   cudaStream_t stream;
 };
 
+// A launch's 1-D grid: ws.tiles[i] = weight i's column tiles of bm (set
+// here), times the row tiles of bn.
+struct Grid {
+  unsigned ctas;
+  uint32_t row_tiles;
+};
+Grid cut(Weights& ws, size_t n_rows, int bm, int bn) {
+  size_t col_tiles = 0;
+  for (int i = 0; i < ws.n; ++i) {
+    ws.tiles[i] = (ws.n_out[i] + bm - 1) / bm;
+    col_tiles += ws.tiles[i];
+  }
+  const size_t row_tiles = (n_rows + bn - 1) / bn;
+  FERRY_CHECK(row_tiles * col_tiles <= 0x7fffffffu, "matmul_tc", "too many tiles: n_rows=", n_rows,
+              " column tiles=", col_tiles);
+  return {static_cast<unsigned>(row_tiles * col_tiles), static_cast<uint32_t>(row_tiles)};
+}
+
 template <int BM, int BN, int WM, int WN, int BK, int STAGES>
 struct Variant {
   static constexpr TileConfig kConfig = {nullptr, BM, BN, WM, WN, BK, STAGES};
@@ -521,17 +539,10 @@ struct Variant {
     auto* kernel = matmul_tc_kernel<BM, BN, WM, WN, BK, STAGES, kF16>;
     detail::raise_smem_limit<matmul_tc_kernel<BM, BN, WM, WN, BK, STAGES, kF16>>(T::kSmemBytes);
     Weights ws = a.ws;
-    size_t col_tiles = 0;
-    for (int i = 0; i < ws.n; ++i) {
-      ws.tiles[i] = (ws.n_out[i] + BM - 1) / BM;
-      col_tiles += ws.tiles[i];
-    }
-    const size_t row_tiles = (a.n_rows + BN - 1) / BN;
-    FERRY_CHECK(row_tiles * col_tiles <= 0x7fffffffu, "matmul_tc",
-                "too many tiles: n_rows=", a.n_rows, " column tiles=", col_tiles);
-    detail::launch("matmul_tc_kernel", kernel, static_cast<unsigned>(row_tiles * col_tiles),
-                   T::kThreads, T::kSmemBytes, a.stream, ws, a.x, static_cast<uint32_t>(a.n_in),
-                   static_cast<uint32_t>(a.n_rows), static_cast<uint32_t>(row_tiles));
+    const Grid grid = cut(ws, a.n_rows, BM, BN);
+    detail::launch("matmul_tc_kernel", kernel, grid.ctas, T::kThreads, T::kSmemBytes, a.stream, ws,
+                   a.x, static_cast<uint32_t>(a.n_in), static_cast<uint32_t>(a.n_rows),
+                   grid.row_tiles);
   }
   static void launch_swiglu(const Args&, uint16_t*) {
     FERRY_CHECK(false, "matmul_tc_swiglu", "needs a two-warpgroup variant");
@@ -553,18 +564,10 @@ struct WgVariant {
       auto* kernel = matmul_wg_kernel<WGM, BN, STAGES, false>;
       detail::raise_smem_limit<matmul_wg_kernel<WGM, BN, STAGES, false>>(T::kSmemBytes);
       Weights ws = a.ws;
-      size_t col_tiles = 0;
-      for (int i = 0; i < ws.n; ++i) {
-        ws.tiles[i] = (ws.n_out[i] + T::kBM - 1) / T::kBM;
-        col_tiles += ws.tiles[i];
-      }
-      const size_t row_tiles = (a.n_rows + BN - 1) / BN;
-      FERRY_CHECK(row_tiles * col_tiles <= 0x7fffffffu, "matmul_tc",
-                  "too many tiles: n_rows=", a.n_rows, " column tiles=", col_tiles);
-      detail::launch("matmul_wg_kernel", kernel, static_cast<unsigned>(row_tiles * col_tiles),
-                     T::kThreads, T::kSmemBytes, a.stream, ws, a.x, static_cast<uint32_t>(a.n_in),
-                     static_cast<uint32_t>(a.n_rows), static_cast<uint32_t>(row_tiles),
-                     static_cast<uint16_t*>(nullptr));
+      const Grid grid = cut(ws, a.n_rows, T::kBM, BN);
+      detail::launch("matmul_wg_kernel", kernel, grid.ctas, T::kThreads, T::kSmemBytes, a.stream,
+                     ws, a.x, static_cast<uint32_t>(a.n_in), static_cast<uint32_t>(a.n_rows),
+                     grid.row_tiles, static_cast<uint16_t*>(nullptr));
     }
   }
 
@@ -575,13 +578,12 @@ struct WgVariant {
       using T = WgTile<WGM, BN, STAGES>;
       auto* kernel = matmul_wg_kernel<WGM, BN, STAGES, true>;
       detail::raise_smem_limit<matmul_wg_kernel<WGM, BN, STAGES, true>>(T::kSmemBytes);
-      const size_t col_tiles = (a.ws.n_out[0] + 63) / 64, row_tiles = (a.n_rows + BN - 1) / BN;
-      FERRY_CHECK(row_tiles * col_tiles <= 0x7fffffffu, "matmul_tc_swiglu",
-                  "too many tiles: n_rows=", a.n_rows, " column tiles=", col_tiles);
-      detail::launch("matmul_wg_swiglu_kernel", kernel,
-                     static_cast<unsigned>(row_tiles * col_tiles), T::kThreads, T::kSmemBytes,
+      Weights gate = a.ws;  // the grid: gate's columns, 64 a CTA
+      gate.n = 1;
+      const Grid grid = cut(gate, a.n_rows, 64, BN);
+      detail::launch("matmul_wg_swiglu_kernel", kernel, grid.ctas, T::kThreads, T::kSmemBytes,
                      a.stream, a.ws, a.x, static_cast<uint32_t>(a.n_in),
-                     static_cast<uint32_t>(a.n_rows), static_cast<uint32_t>(row_tiles), y_bf16);
+                     static_cast<uint32_t>(a.n_rows), grid.row_tiles, y_bf16);
     } else {
       (void)a, (void)y_bf16;
       FERRY_CHECK(false, "matmul_tc_swiglu", "needs a two-warpgroup variant");

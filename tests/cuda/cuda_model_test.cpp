@@ -370,35 +370,56 @@ TEST(GpuLaunches, DependentLaunchChangesNoBit) {
   }
 }
 
+// `rows` random prompts of `len` tokens, prefilled in one step of m; their
+// last tokens' logits [rows, vocab].
+struct BigStep {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<float> logits;
+};
+BigStep big_step(const Model& m, const kernels::Context& ctx, const kv::KvSpec& spec, size_t rows,
+                 size_t len, uint32_t seed) {
+  BigStep b;
+  const size_t V = m.config().vocab_size;
+  std::mt19937 rng(seed);
+  b.prompts.assign(rows, std::vector<int32_t>(len));
+  for (auto& p : b.prompts)
+    for (auto& t : p) t = static_cast<int32_t>(rng() % V);
+  kv::BatchKv big(spec, m.kv_allocator());
+  big.prepare_prefill(std::vector<size_t>(rows, len));
+  std::vector<RowInput> in;
+  for (const auto& p : b.prompts) in.push_back(RowInput{p});
+  m.forward(ctx, big, in, b.logits);
+  EXPECT_EQ(b.logits.size(), rows * V);
+  return b;
+}
+
+// Row r of a BigStep prefilled alone, `chunk` tokens per step: its last
+// logits equal the big step's, bit for bit.
+void expect_solo_equal(const Model& m, const kernels::Context& ctx, const kv::KvSpec& spec,
+                       const BigStep& b, size_t r, size_t chunk, const std::string& what) {
+  const size_t V = m.config().vocab_size, len = b.prompts[r].size();
+  kv::BatchKv solo(spec, m.kv_allocator());
+  solo.prepare_prefill(std::vector<size_t>{len});
+  std::vector<float> one;
+  for (size_t i = 0; i < len; i += chunk) {
+    const RowInput row{
+        std::span<const int32_t>(b.prompts[r]).subspan(i, std::min(chunk, len - i))};
+    m.forward(ctx, solo, std::span<const RowInput>(&row, 1), one);
+  }
+  ASSERT_EQ(one.size(), V);
+  EXPECT_EQ(std::memcmp(one.data(), &b.logits[r * V], V * sizeof(float)), 0) << what << " row " << r;
+}
+
 // A step large enough to outgrow the backend's staging mid-step (40 rows of
 // 200 prompt tokens: megabytes of job lists) gives every row the logits it
 // gets alone, bit for bit.
 TEST(GpuLargeStep, RowsMatchSoloAcrossStagingGrowth) {
-  const std::string path = test::data_path("models/tiny-llama3-f32.gguf");
-  auto gpu = gpu_model(path);
+  auto gpu = gpu_model(test::data_path("models/tiny-llama3-f32.gguf"));
   ThreadPool pool(2);
   kernels::Context ctx{&pool, best_cpu_path()};
   const kv::KvSpec spec = gpu->config().kv_spec(kernels::KvFormat::f16(), kernels::KvFormat::f16());
-  const size_t rows = 40, len = 200, V = gpu->config().vocab_size;
-  std::mt19937 rng(9);
-  std::vector<std::vector<int32_t>> prompts(rows, std::vector<int32_t>(len));
-  for (auto& p : prompts)
-    for (auto& t : p) t = static_cast<int32_t>(rng() % V);
-  kv::BatchKv big(spec, gpu->kv_allocator());
-  big.prepare_prefill(std::vector<size_t>(rows, len));
-  std::vector<RowInput> in;
-  for (const auto& p : prompts) in.push_back(RowInput{p});
-  std::vector<float> all;
-  gpu->forward(ctx, big, in, all);
-  ASSERT_EQ(all.size(), rows * V);
-  for (size_t r = 0; r < rows; r += 13) {
-    kv::BatchKv solo(spec, gpu->kv_allocator());
-    solo.prepare_prefill(std::vector<size_t>{len});
-    std::vector<float> one;
-    const RowInput row{prompts[r]};
-    gpu->forward(ctx, solo, std::span<const RowInput>(&row, 1), one);
-    ASSERT_EQ(std::memcmp(one.data(), &all[r * V], V * sizeof(float)), 0) << "row " << r;
-  }
+  const BigStep b = big_step(*gpu, ctx, spec, 40, 200, 9);
+  for (size_t r = 0; r < 40; r += 13) expect_solo_equal(*gpu, ctx, spec, b, r, 200, "f32");
 }
 
 // Dense weights change product kernels with the step's rows (matmul_tc:
@@ -413,30 +434,8 @@ TEST(GpuLargeStep, DenseRowsMatchSoloAcrossKernelSwitch) {
     kernels::Context ctx{&pool, best_cpu_path()};
     const kv::KvSpec spec =
         gpu->config().kv_spec(kernels::KvFormat::f16(), kernels::KvFormat::f16());
-    const size_t rows = 12, len = 40, V = gpu->config().vocab_size;
-    std::mt19937 rng(21);
-    std::vector<std::vector<int32_t>> prompts(rows, std::vector<int32_t>(len));
-    for (auto& p : prompts)
-      for (auto& t : p) t = static_cast<int32_t>(rng() % V);
-    kv::BatchKv big(spec, gpu->kv_allocator());
-    big.prepare_prefill(std::vector<size_t>(rows, len));
-    std::vector<RowInput> in;
-    for (const auto& p : prompts) in.push_back(RowInput{p});
-    std::vector<float> all;
-    gpu->forward(ctx, big, in, all);
-    ASSERT_EQ(all.size(), rows * V);
-    for (size_t r = 0; r < rows; r += 5) {
-      kv::BatchKv solo(spec, gpu->kv_allocator());
-      solo.prepare_prefill(std::vector<size_t>{len});
-      std::vector<float> one;
-      for (size_t i = 0; i < len; i += 5) {
-        const RowInput row{std::span<const int32_t>(prompts[r]).subspan(i, 5)};
-        gpu->forward(ctx, solo, std::span<const RowInput>(&row, 1), one);
-      }
-      solo.finalize_prefill();
-      ASSERT_EQ(std::memcmp(one.data(), &all[r * V], V * sizeof(float)), 0)
-          << name << " row " << r;
-    }
+    const BigStep b = big_step(*gpu, ctx, spec, 12, 40, 21);
+    for (size_t r = 0; r < 12; r += 5) expect_solo_equal(*gpu, ctx, spec, b, r, 5, name);
   }
 }
 
