@@ -10,6 +10,12 @@
 // order with each lane accumulating p * V for its kE output dimensions.
 // The states of the virtual warps that have tiles are then folded in the
 // fixed order 0, 1, 2, ... (fold_weights), and out = acc / l.
+// Affine V is applied in factored form: for key t, p * V adds
+// (p * scale) * code to each of the lane's acc and p * bias to its bias sum
+// vb (a lane's kE dimensions lie in one group), vb is rescaled with acc by
+// the online softmax, and acc + vb closes each virtual warp's state (two
+// operations per element instead of three; affine K is decoded as
+// scale * code + bias, each rounded, then FMA'd with q).
 //
 // Kernels (all with that arithmetic, so they give the same bits; the tests
 // compare them):
@@ -116,18 +122,53 @@ __device__ __forceinline__ void decode_run(const SideView& s, size_t j, uint32_t
   }
 }
 
+// The codes of elements [i0, i0 + N) of token slot j of an affine side, as
+// exact floats (no scale, no bias), and their group's scale and bias.
+template <int N>
+__device__ __forceinline__ void affine_codes(const SideView& s, size_t j, uint32_t i0, float* out,
+                                             float& sc, float& bi) {
+  const uint8_t* row = s.p[0] + j * s.unit[0];
+  const uint32_t g = i0 >> s.group_shift;
+  sc = h2f(static_cast<uint16_t>(ld_u16(s.p[1] + j * s.unit[1] + 2 * g)));
+  bi = h2f(static_cast<uint16_t>(ld_u16(s.p[2] + j * s.unit[2] + 2 * g)));
+  if (s.bits == 4) {
+    const auto b = load_bytes<N / 2>(row + i0 / 2);
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = code_to_float(b.field(i, 4));
+  } else {
+    const auto b = load_bytes<N>(row + i0);
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = code_to_float(b.field(i, 8));
+  }
+}
+
 // One query's running softmax state for kG heads as one warp holds it: m
 // and l are warp-uniform, acc[h][e] is output dimension d0 + e of the lane.
-template <int kG, int kE>
+// With affine V, acc holds sum p * scale * code and vb sum p * bias (the
+// lane's dimensions share one group), added by finish().
+// kAffine: the kernels compiled for calls with affine K or V (they carry
+// vb); dense calls compile without it (fewer registers).
+template <int kG, int kE, bool kAffine>
 struct State {
-  float m[kG], l[kG], acc[kG][kE];
+  float m[kG], l[kG], acc[kG][kE], vb[kAffine ? kG : 1];
   __device__ __forceinline__ void init() {
 #pragma unroll
     for (int h = 0; h < kG; ++h) {
       m[h] = -INFINITY;
       l[h] = 0.0f;
+      if constexpr (kAffine) vb[h] = 0.0f;
 #pragma unroll
       for (int e = 0; e < kE; ++e) acc[h][e] = 0.0f;
+    }
+  }
+  // After a virtual warp's last tile, with affine V: acc = acc + vb.
+  __device__ __forceinline__ void finish(const SideView& V) {
+    if constexpr (kAffine) {
+      if (V.kind != Kind::Affine) return;
+#pragma unroll
+      for (int h = 0; h < kG; ++h)
+#pragma unroll
+        for (int e = 0; e < kE; ++e) acc[h][e] = __fadd_rn(acc[h][e], vb[h]);
     }
   }
 };
@@ -159,6 +200,24 @@ struct JobView {
   }
 };
 
+// acc[h] += q[h][c .. c + 16) . k[0 .. 16), FMA in element order.
+template <int kG>
+__device__ __forceinline__ void dot16(float (&acc)[kG], const float (&k)[16], const float* q_s,
+                                      uint32_t D, uint32_t c) {
+#pragma unroll
+  for (int h = 0; h < kG; ++h) {
+    const float4* q4 = reinterpret_cast<const float4*>(q_s + h * D + c);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float4 qv = q4[e];
+      acc[h] = __fmaf_rn(qv.x, k[4 * e], acc[h]);
+      acc[h] = __fmaf_rn(qv.y, k[4 * e + 1], acc[h]);
+      acc[h] = __fmaf_rn(qv.z, k[4 * e + 2], acc[h]);
+      acc[h] = __fmaf_rn(qv.w, k[4 * e + 3], acc[h]);
+    }
+  }
+}
+
 // One tile of nt <= 32 keys into a warp's state: lane l scores the tile's
 // key l (its K row row(l), canonical chunks of 16, FMA in element order, q
 // from shared memory q_s[kG][D]) for every head, the warp updates the online
@@ -166,10 +225,10 @@ struct JobView {
 // order with each lane accumulating p * V for its kE dimensions. K and V
 // are global planes (row = the key's slot) or a staged copy of the tile
 // (row = its index in the tile): the same bytes, the same arithmetic.
-template <int kG, int kE, class Row>
+template <int kG, int kE, bool kAffine, class Row>
 __device__ __forceinline__ void tile_core(const float* q_s, const SideView& K, const SideView& V,
                                           Row row, int nt, uint32_t D, float scale, int lane,
-                                          State<kG, kE>& st) {
+                                          State<kG, kE, kAffine>& st) {
   const uint32_t d0 = lane * kE;
   const bool v_lane = d0 < D;
   const bool valid = lane < nt;
@@ -182,18 +241,7 @@ __device__ __forceinline__ void tile_core(const float* q_s, const SideView& K, c
     for (uint32_t c = 0; c < D; c += 16) {
       float kv[16];
       decode_run<16>(K, j, c, kv);
-#pragma unroll
-      for (int h = 0; h < kG; ++h) {
-        const float4* q4 = reinterpret_cast<const float4*>(q_s + h * D + c);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float4 qv = q4[e];
-          s[h] = __fmaf_rn(qv.x, kv[4 * e], s[h]);
-          s[h] = __fmaf_rn(qv.y, kv[4 * e + 1], s[h]);
-          s[h] = __fmaf_rn(qv.z, kv[4 * e + 2], s[h]);
-          s[h] = __fmaf_rn(qv.w, kv[4 * e + 3], s[h]);
-        }
-      }
+      dot16<kG>(s, kv, q_s, D, c);
     }
   }
   // Online softmax over the tile (every lane ends with the same m, l).
@@ -206,10 +254,30 @@ __device__ __forceinline__ void tile_core(const float* q_s, const SideView& K, c
     p[h] = valid ? expf(sc - m_new) : 0.0f;
     st.l[h] = __fadd_rn(__fmul_rn(st.l[h], corr), warp_sum(p[h]));
     st.m[h] = m_new;
+    if constexpr (kAffine) st.vb[h] = __fmul_rn(st.vb[h], corr);
 #pragma unroll
     for (int e = 0; e < kE; ++e) st.acc[h][e] = __fmul_rn(st.acc[h][e], corr);
   }
   // p * V over the tile's keys in order; lanes split the dimensions.
+  if (kAffine && V.kind == Kind::Affine) {
+    // p (scale code + bias), factored: acc += (p scale) code, vb += p bias.
+#pragma unroll 4
+    for (int t = 0; t < nt; ++t) {
+      float code[kE], sc = 0.0f, bi = 0.0f;
+      if (v_lane) affine_codes<kE>(V, row(t), d0, code, sc, bi);
+#pragma unroll
+      for (int h = 0; h < kG; ++h) {
+        const float pt = __shfl_sync(0xffffffffu, p[h], t);
+        if (v_lane) {
+          const float ps = __fmul_rn(pt, sc);
+#pragma unroll
+          for (int e = 0; e < kE; ++e) st.acc[h][e] = __fmaf_rn(ps, code[e], st.acc[h][e]);
+          if constexpr (kAffine) st.vb[h] = __fmaf_rn(pt, bi, st.vb[h]);
+        }
+      }
+    }
+    return;
+  }
 #pragma unroll 4
   for (int t = 0; t < nt; ++t) {
     float vv[kE];
@@ -226,12 +294,13 @@ __device__ __forceinline__ void tile_core(const float* q_s, const SideView& K, c
 }
 
 // The tile of keys from t0, read from the global planes.
-template <int kG, int kE>
+template <int kG, int kE, bool kAffine>
 __device__ __forceinline__ void tile(const float* q_s, const SideView& K, const SideView& V,
                                      const Keys& keys, size_t t0, uint32_t D, float scale,
-                                     int lane, State<kG, kE>& st) {
+                                     int lane, State<kG, kE, kAffine>& st) {
   const int nt = static_cast<int>(min(size_t{32}, keys.n - t0));
-  tile_core<kG, kE>(q_s, K, V, [&](int i) { return keys.slot(t0 + i); }, nt, D, scale, lane, st);
+  tile_core<kG, kE, kAffine>(q_s, K, V, [&](int i) { return keys.slot(t0 + i); }, nt, D, scale,
+                             lane, st);
 }
 
 // ---- staged tiles -------------------------------------------------------------
@@ -323,17 +392,18 @@ __device__ __forceinline__ void stage_tile(const Stage& sg, uint8_t* buf, const 
 
 // A warp's tile from its own staging buffer (or from the planes when the
 // formats do not fit one).
-template <int kG, int kE>
+template <int kG, int kE, bool kAffine>
 __device__ __forceinline__ void tile_staged(const float* q_s, const SideView& K, const SideView& V,
                                             const Stage& sg, uint8_t* buf, const Keys& keys,
                                             size_t t0, uint32_t D, float scale, int lane,
-                                            State<kG, kE>& st) {
-  if (!sg.fits) return tile<kG, kE>(q_s, K, V, keys, t0, D, scale, lane, st);
+                                            State<kG, kE, kAffine>& st) {
+  if (!sg.fits) return tile<kG, kE, kAffine>(q_s, K, V, keys, t0, D, scale, lane, st);
   stage_tile(sg, buf, K, V, keys, t0, lane, 32);
   cp_async_wait_all();
   __syncwarp();
   const int nt = static_cast<int>(min(size_t{32}, keys.n - t0));
-  tile_core<kG, kE>(q_s, sg.view(K, 0, buf), sg.view(V, 1, buf), [](int i) { return size_t(i); },
+  tile_core<kG, kE, kAffine>(q_s, sg.view(K, 0, buf), sg.view(V, 1, buf),
+                             [](int i) { return size_t(i); },
                     nt, D, scale, lane, st);
   __syncwarp();  // every lane is done with the image before the next tile overwrites it
 }
@@ -375,8 +445,10 @@ __device__ __forceinline__ void fold_weights(float m_run, float m_add, float& mm
 // resident blocks pay (measured at 64 and 256 jobs on the H200: each
 // bound is 8-18% faster in its own range). The arithmetic is the same.
 constexpr size_t kDenseJobs = 128;
-template <int kG, int kE, int kMinBlocks>
-__global__ void __launch_bounds__(kBlockWarps * 32, kMinBlocks)
+// (Affine kernels: at most 3 blocks, the most a staged block's shared
+// memory allows, so that the bias sums do not make registers spill.)
+template <int kG, int kE, int kMinBlocks, bool kAffine>
+__global__ void __launch_bounds__(kBlockWarps * 32, kAffine ? std::min(kMinBlocks, 3) : kMinBlocks)
     attention_kernel(const AttentionJob* jobs, uint32_t group_heads, uint32_t D, float scale,
                      uint32_t stage_cap) {
   extern __shared__ __align__(16) float smem[];
@@ -422,10 +494,11 @@ __global__ void __launch_bounds__(kBlockWarps * 32, kMinBlocks)
   const size_t n_virtual = min(n_tiles(keys), static_cast<size_t>(kVirtual));
   for (size_t round = 0; round * kBlockWarps < n_virtual; ++round) {
     const size_t vw = round * kBlockWarps + warp;
-    State<kG, kE> st;
+    State<kG, kE, kAffine> st;
     st.init();
     for (size_t t0 = 32 * vw; t0 < keys.n; t0 += size_t{32} * kVirtual)
-      tile_staged<kG, kE>(q_s, K, V, sg, buf, keys, t0, D, scale, lane, st);
+      tile_staged<kG, kE, kAffine>(q_s, K, V, sg, buf, keys, t0, D, scale, lane, st);
+    st.finish(V);
     // Fold this round's virtual warps into the shared state, in order.
     for (int w = 0; w < kBlockWarps; ++w) {
       if (warp == w && vw < n_virtual) {
@@ -468,7 +541,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32, kMinBlocks)
 // prompt chunk's queries (one cache row) share K/V through L1 instead of
 // each job reading them alone: the variant for steps of many jobs
 // (prefill), where attention_kernel leaves warps idle on short rows.
-template <int kG, int kE>
+template <int kG, int kE, bool kAffine>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     attention_warp_kernel(const AttentionJob* jobs, size_t n_jobs, uint32_t group_heads,
                           uint32_t D, float scale) {
@@ -490,13 +563,14 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const Keys& keys = jv.keys;
   const uint32_t d0 = lane * kE;
   const bool v_lane = d0 < D;
-  State<kG, kE> run, st;
+  State<kG, kE, kAffine> run, st;
   run.init();
   const size_t n_virtual = min(n_tiles(keys), static_cast<size_t>(kVirtual));
   for (size_t w = 0; w < n_virtual; ++w) {
     st.init();
     for (size_t t0 = 32 * w; t0 < keys.n; t0 += size_t{32} * kVirtual)
-      tile<kG, kE>(q_s, K, V, keys, t0, D, scale, lane, st);
+      tile<kG, kE, kAffine>(q_s, K, V, keys, t0, D, scale, lane, st);
+    st.finish(V);
     if (w == 0) {
       run = st;
       continue;
@@ -535,8 +609,8 @@ __device__ __forceinline__ float* split_state(float* ws, size_t job, uint32_t he
 // per query head. The block stages each tile of K and V once for all its
 // heads (stage_tile), then every warp scores it with its own query.
 constexpr int kSplitHeads = 8;
-template <int kE>
-__global__ void __launch_bounds__(kSplitHeads * 32, 4)
+template <int kE, bool kAffine>
+__global__ void __launch_bounds__(kSplitHeads * 32, kAffine ? 2 : 4)
     attention_split_kernel(const AttentionJob* jobs, uint32_t group_heads, uint32_t D,
                            float scale, float* ws) {
   extern __shared__ __align__(16) float smem[];
@@ -556,11 +630,11 @@ __global__ void __launch_bounds__(kSplitHeads * 32, 4)
   __syncwarp();
   Stage sg;
   sg.init(jv.k, jv.v, stage_bytes(D));
-  State<1, kE> st;
+  State<1, kE, kAffine> st;
   st.init();
   for (size_t t0 = size_t{32} * w; t0 < jv.keys.n; t0 += size_t{32} * kVirtual) {
     if (!sg.fits) {
-      if (head) tile<1, kE>(q_s, jv.k, jv.v, jv.keys, t0, D, scale, lane, st);
+      if (head) tile<1, kE, kAffine>(q_s, jv.k, jv.v, jv.keys, t0, D, scale, lane, st);
       continue;
     }
     stage_tile(sg, buf, jv.k, jv.v, jv.keys, t0, static_cast<int>(threadIdx.x),
@@ -569,11 +643,12 @@ __global__ void __launch_bounds__(kSplitHeads * 32, 4)
     __syncthreads();
     const int nt = static_cast<int>(min(size_t{32}, jv.keys.n - t0));
     if (head)
-      tile_core<1, kE>(q_s, sg.view(jv.k, 0, buf), sg.view(jv.v, 1, buf),
+      tile_core<1, kE, kAffine>(q_s, sg.view(jv.k, 0, buf), sg.view(jv.v, 1, buf),
                        [](int i) { return size_t(i); }, nt, D, scale, lane, st);
     __syncthreads();  // the image is read before the next tile's copies
   }
   if (!head) return;
+  st.finish(jv.v);
   float* o = split_state(ws, blockIdx.x, h, gridDim.y * group_heads, w, D);
   if (lane == 0) {
     o[0] = st.m[0];
@@ -657,7 +732,7 @@ __global__ void __launch_bounds__(256)
   store_out(job, size_t{h} * D + d, __fmul_rn(acc_run, inv));
 }
 
-template <int kE>
+template <int kE, bool kAffine>
 void launch_split(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& s,
                   uint32_t group_heads, float* ws, cudaStream_t stream) {
   const uint32_t D = static_cast<uint32_t>(s.head_dim);
@@ -666,16 +741,16 @@ void launch_split(const AttentionJob* jobs, size_t n_jobs, const kernels::Attent
   const dim3 grid(static_cast<unsigned>(n_jobs), static_cast<unsigned>(s.n_kv_heads),
                   chunks * kVirtual);
   const size_t smem = warps * D * sizeof(float) + stage_bytes(D);
-  raise_smem_limit<attention_split_kernel<kE>>(smem);
-  detail::launch("attention_split_kernel", attention_split_kernel<kE>, grid, warps * 32, smem,
-                 stream, jobs, group_heads, D, s.scale, ws);
+  raise_smem_limit<attention_split_kernel<kE, kAffine>>(smem);
+  detail::launch("attention_split_kernel", attention_split_kernel<kE, kAffine>, grid, warps * 32,
+                 smem, stream, jobs, group_heads, D, s.scale, ws);
   const dim3 mgrid(static_cast<unsigned>(n_jobs), static_cast<unsigned>(s.n_heads));
   detail::launch("attention_merge_kernel", attention_merge_kernel, mgrid,
                  std::max<uint32_t>(kVirtual, (D + 31) / 32 * 32), 0, stream, jobs, D,
                  static_cast<const float*>(ws));
 }
 
-template <int kG, int kE>
+template <int kG, int kE, bool kAffine>
 void launch(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& s,
             uint32_t group_heads, bool per_warp, cudaStream_t stream) {
   const unsigned chunks = static_cast<unsigned>((group_heads + kG - 1) / kG);
@@ -683,9 +758,11 @@ void launch(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionSha
   const uint32_t D = static_cast<uint32_t>(s.head_dim);
   if (per_warp) {
     const dim3 grid(static_cast<unsigned>((n_jobs + kWarps - 1) / kWarps), kvh, chunks);
-    const size_t smem = size_t{kWarps} * kG * s.head_dim * sizeof(float);
-    detail::launch("attention_warp_kernel", attention_warp_kernel<kG, kE>, grid, kWarps * 32, smem,
-                   stream, jobs, n_jobs, group_heads, D, s.scale);
+    const size_t smem = size_t{kWarps} * kG * D * sizeof(float);
+    // (over 48 KB at D 256, kG 8)
+    raise_smem_limit<attention_warp_kernel<kG, kE, kAffine>>(smem);
+    detail::launch("attention_warp_kernel", attention_warp_kernel<kG, kE, kAffine>, grid,
+                   kWarps * 32, smem, stream, jobs, n_jobs, group_heads, D, s.scale);
     return;
   }
   const dim3 grid(static_cast<unsigned>(n_jobs), kvh, chunks);
@@ -699,11 +776,11 @@ void launch(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionSha
                    group_heads, D, s.scale, cap);
   };
   if (n_jobs >= kDenseJobs) {
-    raise_smem_limit<attention_kernel<kG, kE, 4>>(total);
-    go(attention_kernel<kG, kE, 4>);
+    raise_smem_limit<attention_kernel<kG, kE, 4, kAffine>>(total);
+    go(attention_kernel<kG, kE, 4, kAffine>);
   } else {
-    raise_smem_limit<attention_kernel<kG, kE, 2>>(total);
-    go(attention_kernel<kG, kE, 2>);
+    raise_smem_limit<attention_kernel<kG, kE, 2, kAffine>>(total);
+    go(attention_kernel<kG, kE, 2, kAffine>);
   }
 }
 
@@ -713,16 +790,28 @@ void launch(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionSha
 // K/V re-reads for parallelism (the per-block variant at few jobs, when no
 // workspace allows the split one).
 
-template <int kE>
+template <int kE, bool kAffine>
 void launch_e(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& s,
               uint32_t group_heads, AttentionVariant variant, float* ws, cudaStream_t stream) {
-  if (variant == AttentionVariant::Split) return launch_split<kE>(jobs, n_jobs, s, group_heads, ws, stream);
+  if (variant == AttentionVariant::Split)
+    return launch_split<kE, kAffine>(jobs, n_jobs, s, group_heads, ws, stream);
   const bool per_warp = variant == AttentionVariant::PerWarp;
   if (group_heads == 1 || n_jobs < kFewJobs)
-    return launch<1, kE>(jobs, n_jobs, s, group_heads, per_warp, stream);
-  if (group_heads == 2) return launch<2, kE>(jobs, n_jobs, s, group_heads, per_warp, stream);
-  if (group_heads <= 4) return launch<4, kE>(jobs, n_jobs, s, group_heads, per_warp, stream);
-  return launch<8, kE>(jobs, n_jobs, s, group_heads, per_warp, stream);
+    return launch<1, kE, kAffine>(jobs, n_jobs, s, group_heads, per_warp, stream);
+  if (group_heads == 2)
+    return launch<2, kE, kAffine>(jobs, n_jobs, s, group_heads, per_warp, stream);
+  if (group_heads <= 4)
+    return launch<4, kE, kAffine>(jobs, n_jobs, s, group_heads, per_warp, stream);
+  return launch<8, kE, kAffine>(jobs, n_jobs, s, group_heads, per_warp, stream);
+}
+
+template <bool kAffine>
+void launch_d(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& shape,
+              uint32_t group_heads, AttentionVariant variant, float* ws, cudaStream_t stream) {
+  const size_t D = shape.head_dim;
+  if (D <= 64) return launch_e<2, kAffine>(jobs, n_jobs, shape, group_heads, variant, ws, stream);
+  if (D <= 128) return launch_e<4, kAffine>(jobs, n_jobs, shape, group_heads, variant, ws, stream);
+  return launch_e<8, kAffine>(jobs, n_jobs, shape, group_heads, variant, ws, stream);
 }
 
 }  // namespace
@@ -732,8 +821,8 @@ size_t attention_workspace_floats(size_t n_jobs, const kernels::AttentionShape& 
 }
 
 void attention_variant(const AttentionJob* jobs, size_t n_jobs,
-                       const kernels::AttentionShape& shape, AttentionVariant variant,
-                       float* workspace, cudaStream_t stream) {
+                       const kernels::AttentionShape& shape, bool affine,
+                       AttentionVariant variant, float* workspace, cudaStream_t stream) {
   if (n_jobs == 0) return;
   const size_t D = shape.head_dim;
   FERRY_CHECK(D % 16 == 0 && D > 0 && D <= 256, "attention", "head_dim=", D);
@@ -751,14 +840,13 @@ void attention_variant(const AttentionJob* jobs, size_t n_jobs,
               "the split variant needs a workspace");
   FERRY_CHECK((group_heads + kSplitHeads - 1) / kSplitHeads * size_t{kVirtual} <= 65535,
               "attention", "too many heads per group: ", group_heads);
-  if (D <= 64) return launch_e<2>(jobs, n_jobs, shape, group_heads, variant, workspace, stream);
-  if (D <= 128) return launch_e<4>(jobs, n_jobs, shape, group_heads, variant, workspace, stream);
-  return launch_e<8>(jobs, n_jobs, shape, group_heads, variant, workspace, stream);
+  if (affine) return launch_d<true>(jobs, n_jobs, shape, group_heads, variant, workspace, stream);
+  launch_d<false>(jobs, n_jobs, shape, group_heads, variant, workspace, stream);
 }
 
 void attention(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& shape,
-               float* workspace, cudaStream_t stream) {
-  attention_variant(jobs, n_jobs, shape, AttentionVariant::Auto, workspace, stream);
+               bool affine, float* workspace, cudaStream_t stream) {
+  attention_variant(jobs, n_jobs, shape, affine, AttentionVariant::Auto, workspace, stream);
 }
 
 }  // namespace ferry::cuda

@@ -534,7 +534,10 @@ class CudaBackend final : public model::Backend {
     if (replaying()) return;
     mark("attention");
     if (ob) bf16_copy_ = {out, places.size() * q_dim, ob};
-    cuda::attention(d, places.size(), shape, w, stream_);
+    // (Every job of a layer has the layer's formats.)
+    const bool affine = !jobs_.empty() && (jobs_[0].k.format.kind == kernels::KvFormat::Kind::Affine ||
+                                           jobs_[0].v.format.kind == kernels::KvFormat::Kind::Affine);
+    cuda::attention(d, places.size(), shape, affine, w, stream_);
   }
 
   // Greedy and top-k rows reduce on the device (select_logits) and copy

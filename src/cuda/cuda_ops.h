@@ -171,10 +171,13 @@ struct AttentionJob {
 // kernel runs them (attention.cu). `workspace` (device, at least
 // attention_workspace_floats(n_jobs, shape) floats, or null) lets steps of
 // few jobs split each job's keys over many blocks; without it they run
-// unsplit, with the same results.
+// unsplit, with the same results. `affine`: whether the jobs' K or V are
+// affine (all jobs of a call share their formats): it selects the kernels
+// compiled with the factored affine decode (attention.cu); dense calls use
+// kernels without it.
 size_t attention_workspace_floats(size_t n_jobs, const kernels::AttentionShape& shape);
 void attention(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& shape,
-               float* workspace, cudaStream_t stream);
+               bool affine, float* workspace, cudaStream_t stream);
 
 // Per row r of logits [n_rows, vocab], as jobs[r] asks: the top_n (at most
 // model::kMaxTopN) largest logits, value desc then id asc (-0 as +0, NaN
