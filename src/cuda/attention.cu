@@ -441,14 +441,15 @@ __device__ __forceinline__ void fold_weights(float m_run, float m_add, float& mm
 // (the folded state).
 // kMinBlocks: the register bound (blocks of kBlockWarps warps per SM the
 // compiler must fit): 2 (up to 255 registers) for steps of fewer than
-// kDenseJobs jobs, 4 (128 registers, a few spilled) for more, where more
-// resident blocks pay (measured at 64 and 256 jobs on the H200: each
-// bound is 8-18% faster in its own range). The arithmetic is the same.
+// kDenseJobs jobs, 3 (168 registers) for more, where more resident blocks
+// pay; 3 is also the most blocks a staged block's shared memory allows
+// (head_dim up to 128). Measured on the H200: 2 against 4 at 64 and 256
+// jobs, each 8-18% faster in its own range (2026-11-30); 3 against 4 at
+// 256 jobs, 12-16% faster (bf16, 128 and 1,024 keys; 2026-12-01), and no
+// spills with affine V's bias sums. The arithmetic is the same.
 constexpr size_t kDenseJobs = 128;
-// (Affine kernels: at most 3 blocks, the most a staged block's shared
-// memory allows, so that the bias sums do not make registers spill.)
 template <int kG, int kE, int kMinBlocks, bool kAffine>
-__global__ void __launch_bounds__(kBlockWarps * 32, kAffine ? std::min(kMinBlocks, 3) : kMinBlocks)
+__global__ void __launch_bounds__(kBlockWarps * 32, kMinBlocks)
     attention_kernel(const AttentionJob* jobs, uint32_t group_heads, uint32_t D, float scale,
                      uint32_t stage_cap) {
   extern __shared__ __align__(16) float smem[];
@@ -776,8 +777,8 @@ void launch(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionSha
                    group_heads, D, s.scale, cap);
   };
   if (n_jobs >= kDenseJobs) {
-    raise_smem_limit<attention_kernel<kG, kE, 4, kAffine>>(total);
-    go(attention_kernel<kG, kE, 4, kAffine>);
+    raise_smem_limit<attention_kernel<kG, kE, 3, kAffine>>(total);
+    go(attention_kernel<kG, kE, 3, kAffine>);
   } else {
     raise_smem_limit<attention_kernel<kG, kE, 2, kAffine>>(total);
     go(attention_kernel<kG, kE, 2, kAffine>);
