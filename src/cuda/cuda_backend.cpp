@@ -296,6 +296,16 @@ class CudaBackend final : public model::Backend {
     if (b) bf16_copy_ = {x, n, b};
     return b;
   }
+  // The bf16 copy of x's n values its producer made, or null.
+  const uint16_t* bf16_copy_of(const float* x, size_t n) const {
+    return bf16_copy_.x == x && bf16_copy_.n == n ? bf16_copy_.b : nullptr;
+  }
+  // x's n values rounded to bf16 by a conversion launch, into xtc_.
+  const uint16_t* to_bf16(const float* x, size_t n) {
+    auto* b = static_cast<uint16_t*>(xtc_.get(n * 2, stream_));
+    cuda::f32_to_bf16(x, n, b, stream_);
+    return b;
+  }
   // Where such a copy of n values goes, or null when no product would read it.
   uint16_t* bf16_buffer(size_t n_rows, size_t n) {
     if (!dense_weights_ || !(opts_.deterministic || n_rows <= kFastMatvecRows)) return nullptr;
@@ -318,8 +328,7 @@ class CudaBackend final : public model::Backend {
     if (replaying()) return;
     profile_mark("matmul");
     // x in bf16: the copy its producer made, or made here on first use.
-    const uint16_t* xb =
-        bf16_copy_.x == x && bf16_copy_.n == n_rows * ws[0].n_in ? bf16_copy_.b : nullptr;
+    const uint16_t* xb = bf16_copy_of(x, n_rows * ws[0].n_in);
     Int8Rows xq;                   // x quantized for int8 mode, made on first use
     // Weights of one type wait here to share one launch: dense ones for
     // the tensor-core kernel, Q4_K / Q6_K ones for int8 mode's.
@@ -340,11 +349,7 @@ class CudaBackend final : public model::Backend {
       } else if (!small) {
         matmul_cublas(w, x, n_rows, ys[i]);
       } else if (w.type == DType::BF16 || w.type == DType::F16) {
-        if (!xb) {
-          uint16_t* b = static_cast<uint16_t*>(xtc_.get(n_rows * w.n_in * 2, stream_));
-          cuda::f32_to_bf16(x, n_rows * w.n_in, b, stream_);
-          xb = b;
-        }
+        if (!xb) xb = to_bf16(x, n_rows * w.n_in);
         tc_wait.add(w, reinterpret_cast<const uint16_t*>(w.data), ys[i]);
       } else {
         cuda::matmul_gguf(w.data, w.type, w.n_in, w.n_out, x, n_rows, ys[i], stream_);
@@ -424,14 +429,9 @@ class CudaBackend final : public model::Backend {
                       w_up.n_in == n_in && w_up.n_out == F &&
                       cuda::matmul_tc_swiglu_applies(n_in, F, n_rows);
     if (!fuse) return Backend::gate_up_silu(w_gate, w_up, x, n_rows, gate, up);
-    const uint16_t* xb =
-        bf16_copy_.x == x && bf16_copy_.n == n_rows * n_in ? bf16_copy_.b : nullptr;
+    const uint16_t* xb = bf16_copy_of(x, n_rows * n_in);
     mark("matmul");
-    if (!xb) {
-      uint16_t* b = static_cast<uint16_t*>(xtc_.get(n_rows * n_in * 2, stream_));
-      cuda::f32_to_bf16(x, n_rows * n_in, b, stream_);
-      xb = b;
-    }
+    if (!xb) xb = to_bf16(x, n_rows * n_in);
     auto* gate_b = static_cast<uint16_t*>(xtc_out_.get(n_rows * F * 2, stream_));
     cuda::matmul_tc_swiglu(reinterpret_cast<const uint16_t*>(w_gate.data),
                            reinterpret_cast<const uint16_t*>(w_up.data), n_in, F, xb, n_rows, gate,

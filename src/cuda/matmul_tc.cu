@@ -710,7 +710,7 @@ size_t choose_config(size_t n_in, size_t n_out, size_t n_rows, bool wgmma) {
       kRowsMore[] = {13, 9};                  // L256x128, L128x64
   static constexpr RowRange kRanges[] = {{16, kRows16},   {32, kRows32},
                                          {64, kRows64},   {128, kRows128}, {SIZE_MAX, kRowsMore}};
-  if (wgmma && n_rows > 32) {
+  if (wgmma && n_rows > kWgmmaAboveRows) {
     // Hopper (2026-12-01, --sweep=64..8192 on the 8B shapes): the wgmma
     // variants beat every mma.sync one from 64 rows on (prefill 500-580
     // TFLOP/s against 400 for L256x128); the largest tile that still fills
@@ -797,8 +797,10 @@ void matmul_tc_many(std::span<const uint16_t* const> w, bool w_f16, size_t n_in,
                     std::span<float* const> y, cudaStream_t stream) {
   size_t total = 0;
   for (size_t n : n_out) total += n;
-  tc::matmul_tc_many_with(tc::choose_config(n_in, total, n_rows, tc::wgmma_available()), w, w_f16, n_in, n_out, x, n_rows,
-                          y, stream);
+  // (Hopper's variants only matter above kWgmmaAboveRows: no device query below.)
+  const bool wgmma = n_rows > tc::kWgmmaAboveRows && tc::wgmma_available();
+  tc::matmul_tc_many_with(tc::choose_config(n_in, total, n_rows, wgmma), w, w_f16, n_in, n_out, x,
+                          n_rows, y, stream);
 }
 
 namespace {
@@ -807,7 +809,7 @@ namespace {
 // one-warpgroup W64x64 (few columns: about as many CTAs either way); none
 // (kN) where no wgmma tile applies (32 rows or fewer, other GPUs).
 size_t swiglu_config(size_t n_in, size_t n_out, size_t n_rows) {
-  if (!tc::wgmma_available()) return tc::n_configs();
+  if (n_rows <= tc::kWgmmaAboveRows || !tc::wgmma_available()) return tc::n_configs();
   const size_t cfg = tc::choose_config(n_in, 2 * n_out, n_rows, true);
   if (tc::swiglu_variant(cfg)) return cfg;
   return tc::config(cfg).wgmma ? 24 : tc::n_configs();  // 24: W128x64

@@ -28,6 +28,10 @@ struct TileConfig {
   bool wgmma = false;  // Hopper warpgroup mma (sm_90a): bm = 64 x warpgroups (wm)
 };
 
+// choose_config takes the wgmma variants (where available) for steps of
+// more rows than this.
+inline constexpr size_t kWgmmaAboveRows = 32;
+
 // Whether this device runs the sm_90a image (the wgmma variants): a Hopper
 // GPU (compute capability 9.0). Elsewhere choose_config never picks them and
 // launching one is an error.
