@@ -9,8 +9,18 @@
 // into one contiguous slice per thread, first-touched by its own thread, then
 // read with 64-byte (AVX-512) or 32-byte (AVX2) loads summed into several
 // accumulators so that loads, not adds, are the limit. GB/s are 1e9 bytes/s.
-// Decode of a model that streams W bytes of weights per token cannot beat
-// bandwidth / W tokens/s; docs/BENCHMARKS.md uses this figure.
+// Three ways of reading, because the hardware prefetchers alone do not keep
+// enough lines in flight for one sequential stream on every core:
+//   plain      one sequential stream per thread;
+//   prefetch   the same with a software prefetch 8 KiB ahead (what ferry's
+//              decode tiles do);
+//   4 streams  four sequential streams per thread, a quarter of the slice
+//              each, read in step (as a kernel reading four weight rows).
+// "read bandwidth" is the best of the three: a decode that streams W bytes
+// of weights per token cannot beat bandwidth / W tokens/s, and
+// docs/BENCHMARKS.md uses this figure. (Before the two extra ways were
+// measured, one plain stream gave 32.8 GB/s on the 2-core dev machine while
+// a Q8_0 decode moved 45 GB/s: the roofline was too low.)
 //
 // FMA: each thread runs independent chains of vfmadd (12 accumulators, more
 // than latency x issue width on current x86 cores) on registers only.
@@ -45,28 +55,48 @@ using Clock = std::chrono::steady_clock;
 
 // ------------------------------------------------------------------ kernels
 
-// Sum of n floats at p (n a multiple of 64); the result only defeats
-// dead-code elimination.
-__attribute__((target("avx512f"))) float read_avx512(const float* p, size_t n) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (size_t i = 0; i < n; i += 64) {
-    a0 = _mm512_add_ps(a0, _mm512_load_ps(p + i));
-    a1 = _mm512_add_ps(a1, _mm512_load_ps(p + i + 16));
-    a2 = _mm512_add_ps(a2, _mm512_load_ps(p + i + 32));
-    a3 = _mm512_add_ps(a3, _mm512_load_ps(p + i + 48));
-  }
-  return hsum512(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+enum class Way { kPlain, kPrefetch, kStreams };
+constexpr Way kWays[] = {Way::kPlain, Way::kPrefetch, Way::kStreams};
+const char* way_name(Way w) {
+  return w == Way::kPlain ? "plain" : w == Way::kPrefetch ? "prefetch" : "4 streams";
 }
 
-__attribute__((target("avx2"))) float read_avx2(const float* p, size_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (size_t i = 0; i < n; i += 32) {
-    a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i));
-    a1 = _mm256_add_ps(a1, _mm256_load_ps(p + i + 8));
-    a2 = _mm256_add_ps(a2, _mm256_load_ps(p + i + 16));
-    a3 = _mm256_add_ps(a3, _mm256_load_ps(p + i + 24));
-  }
-  __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+// Sum of n floats at p (n a multiple of 256), read the given way with
+// vectors of L floats; the result only defeats dead-code elimination.
+// kStreams reads the four quarters of [p, p + n) in step.
+#define READ_BODY(T, L, ZERO, LOAD, ADD)                                     \
+  constexpr size_t kAhead = 8192 / sizeof(float);                          \
+  T a0 = ZERO, a1 = a0, a2 = a0, a3 = a0;                                  \
+  if (way == Way::kStreams) {                                              \
+    const size_t q = n / 4;                                                \
+    for (size_t i = 0; i < q; i += L) {                                    \
+      a0 = ADD(a0, LOAD(p + i));                                           \
+      a1 = ADD(a1, LOAD(p + q + i));                                       \
+      a2 = ADD(a2, LOAD(p + 2 * q + i));                                   \
+      a3 = ADD(a3, LOAD(p + 3 * q + i));                                   \
+    }                                                                      \
+  } else {                                                                 \
+    const bool pf = way == Way::kPrefetch;                                 \
+    for (size_t i = 0; i < n; i += 4 * L) {                                \
+      if (pf)                                                              \
+        for (size_t l = 0; l < 4 * L; l += 16)                             \
+          _mm_prefetch(reinterpret_cast<const char*>(p + i + kAhead + l),  \
+                       _MM_HINT_T0);                                       \
+      a0 = ADD(a0, LOAD(p + i));                                           \
+      a1 = ADD(a1, LOAD(p + i + L));                                       \
+      a2 = ADD(a2, LOAD(p + i + 2 * L));                                   \
+      a3 = ADD(a3, LOAD(p + i + 3 * L));                                   \
+    }                                                                      \
+  }                                                                        \
+  const T s = ADD(ADD(a0, a1), ADD(a2, a3));
+
+__attribute__((target("avx512f"))) float read_avx512(const float* p, size_t n, Way way) {
+  READ_BODY(__m512, 16, _mm512_setzero_ps(), _mm512_load_ps, _mm512_add_ps)
+  return hsum512(s);
+}
+
+__attribute__((target("avx2"))) float read_avx2(const float* p, size_t n, Way way) {
+  READ_BODY(__m256, 8, _mm256_setzero_ps(), _mm256_load_ps, _mm256_add_ps)
   float v[8];
   _mm256_storeu_ps(v, s);
   return v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
@@ -147,9 +177,9 @@ struct Result {
 };
 
 // Read bandwidth with `threads` threads over a buffer of `bytes`.
-double bandwidth(float* buf, size_t bytes, int threads, int reps, bool avx512) {
+double bandwidth(float* buf, size_t bytes, int threads, int reps, bool avx512, Way way) {
   const size_t n = bytes / sizeof(float);
-  const size_t per = n / threads / 64 * 64;
+  const size_t per = n / threads / 256 * 256;
   auto slice = [&](int t) { return buf + static_cast<size_t>(t) * per; };
   // First touch by the reading thread (pages then sit near it on NUMA).
   best_of(threads, 1, [&](int t) {
@@ -157,7 +187,7 @@ double bandwidth(float* buf, size_t bytes, int threads, int reps, bool avx512) {
     for (size_t i = 0; i < per; ++i) p[i] = static_cast<float>(i & 7);
   });
   const double s = best_of(threads, reps, [&](int t) {
-    g_sink += avx512 ? read_avx512(slice(t), per) : read_avx2(slice(t), per);
+    g_sink += avx512 ? read_avx512(slice(t), per, way) : read_avx2(slice(t), per, way);
   });
   return static_cast<double>(per * threads * sizeof(float)) / s / 1e9;
 }
@@ -220,7 +250,13 @@ int main(int argc, char** argv) {
   std::vector<int> counts = {1};
   if (all > 1) counts.push_back(all);
   for (int t : counts) {
-    out.push_back({"read bandwidth", t, bandwidth(buf, bytes, t, reps, has512), "GB/s"});
+    double best = 0;
+    for (Way w : kWays) {
+      const double gbs = bandwidth(buf, bytes, t, reps, has512, w);
+      out.push_back({std::string("read bandwidth, ") + way_name(w), t, gbs, "GB/s"});
+      best = std::max(best, gbs);
+    }
+    out.push_back({"read bandwidth", t, best, "GB/s"});
   }
   for (int t : counts) {
     if (has512) out.push_back({"fma avx512 fp32", t, gflops(t, reps / 2 + 1, true), "GFLOP/s"});

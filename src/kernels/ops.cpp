@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/error.h"
@@ -76,55 +77,45 @@ struct QuantBuffer {
   QuantRows view;
 };
 
-// Rounds to the nearest integer, ties to even, for |v| <= 2^22: adding and
-// removing 1.5 * 2^23 leaves no fraction bits (exact IEEE steps, the same
-// on every path and compiler, no dependence on library rounding calls).
-inline float round_even(float v) {
-  constexpr float kMagic = 0x1.8p23f;
-  return (v + kMagic) - kMagic;
-}
-
-// Row r of x into the QuantRows layout (path_kernels.h). Per block: d =
-// amax / 127, code = round_even(x / d), clamped to [-127, 127] (a quotient
-// can exceed 127 only by rounding of d, and then by far less than 0.5). A
-// zero block gets d = 0 and zero codes; a block with a non-finite element
-// gets zero codes and a non-finite d, so the output is non-finite as it
-// would be in exact mode.
-void quantize_row(const float* x, size_t r, QuantBuffer& q) {
+// Row r of x into the QuantRows layout (path_kernels.h): the path's
+// quantizer (int8_quant.h) writes the row's blocks in the natural layout,
+// then each block's codes go where the layout wants them, four at a time
+// (every layout keeps codes 4i .. 4i + 3 of a block together).
+void quantize_row(const PathKernels& k, const float* x, size_t r, QuantBuffer& q) {
   const size_t nb = q.view.nb, nb16 = q.view.nb16;
-  int8_t* codes = q.codes.data() + r * nb16 * 32;
+  const bool chunked = q.view.chunked;
+  struct Scratch {
+    std::vector<int8_t> codes;
+    std::vector<float> d;
+    std::vector<int32_t> sum, sum_lo;
+  };
+  thread_local Scratch row;
+  row.codes.resize(32 * nb);
+  row.d.resize(nb);
+  row.sum.resize(nb);
+  row.sum_lo.resize(nb);
+  k.quantize_int8_row(x, nb, row.codes.data(), row.d.data(), row.sum.data(), row.sum_lo.data());
   for (size_t b = 0; b < nb16; ++b) {
+    // Where block b's values and its codes 4i .. 4i + 3 go in the layout.
     const size_t i = r * nb16 + b;
-    // Where code k of block b goes: its chunk and offset, or plain order.
-    const bool chunked = q.view.chunked;
-    int8_t* c = codes + (chunked ? 512 * (b / 16) : 32 * b);
+    int8_t* c = chunked ? q.codes.data() + r * nb16 * 32 + 512 * (b / 16)
+                        : q.codes.data() + r * nb16 * 32 + 32 * b;
     const size_t width = chunk_width(nb - b / 16 * 16);
-    auto at = [&](size_t k) { return chunked ? chunk_code_offset(b % 16, k, width) : k; };
+    auto at = [&](size_t k4) {
+      return chunked ? chunk_code_offset(b % 16, 4 * k4, width) : 4 * k4;
+    };
     if (b >= nb) {
       if (!chunked || b % 16 < width)
-        for (size_t k = 0; k < 32; ++k) c[at(k)] = 0;
+        for (size_t k4 = 0; k4 < 8; ++k4) std::memset(c + at(k4), 0, 4);
       q.d[i] = q.dsum[i] = 0.0f;
       q.sum[i] = q.sum_lo[i] = 0;
       continue;
     }
-    const float* xb = x + 32 * b;
-    float amax = 0.0f;
-    for (size_t k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(xb[k]));
-    for (size_t k = 0; k < 32; ++k) amax = std::isnan(xb[k]) ? xb[k] : amax;
-    const float d = amax / 127.0f;
-    int32_t s = 0, s_lo = 0;
-    for (size_t k = 0; k < 32; ++k) {
-      float v = d > 0.0f && std::isfinite(d) ? round_even(xb[k] / d) : 0.0f;
-      v = std::min(127.0f, std::max(-127.0f, v));
-      const int8_t code = static_cast<int8_t>(v);
-      c[at(k)] = code;
-      s += code;
-      if (k == 15) s_lo = s;
-    }
-    q.d[i] = d;
-    q.sum[i] = s;
-    q.sum_lo[i] = s_lo;
-    q.dsum[i] = static_cast<float>(s) * d;
+    for (size_t k4 = 0; k4 < 8; ++k4) std::memcpy(c + at(k4), &row.codes[32 * b + 4 * k4], 4);
+    q.d[i] = row.d[b];
+    q.sum[i] = row.sum[b];
+    q.sum_lo[i] = row.sum_lo[b];
+    q.dsum[i] = static_cast<float>(row.sum[b]) * row.d[b];
   }
 }
 
@@ -137,8 +128,9 @@ void quantize_rows(const Context& ctx, const float* x, size_t n_rows, size_t n_i
   q.sum_lo.resize(n_rows * nb16);
   q.view = {q.codes.data(), q.d.data(), q.sum.data(), q.sum_lo.data(), q.dsum.data(), nb, nb16};
   q.view.chunked = n_rows > kNaturalLayoutMaxRows;
+  const PathKernels& k = kernels_for(ctx.path);
   run(ctx, n_rows, 4, [&](size_t r0, size_t r1) {
-    for (size_t r = r0; r < r1; ++r) quantize_row(x + r * n_in, r, q);
+    for (size_t r = r0; r < r1; ++r) quantize_row(k, x + r * n_in, r, q);
   });
 }
 

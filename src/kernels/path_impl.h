@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/int8_impl.h"
+#include "kernels/int8_quant.h"
 #include "kernels/kv_decode.h"
 #include "kernels/path_kernels.h"
 #include "kernels/quant_blocks.h"
@@ -359,8 +360,8 @@ inline void attention_head(const AttentionShape& s, const AttentionTask& t, size
 }
 
 inline const PathKernels& table() {
-  static const PathKernels k{&dot, &matmul_cols, &attention_head, &int8::matmul_cols,
-                             &exp_shifted, &silu_mul};
+  static const PathKernels k{&dot,        &matmul_cols, &attention_head,   &int8::matmul_cols,
+                             &exp_shifted, &silu_mul,    &quantize_int8_row};
   return k;
 }
 

@@ -40,6 +40,7 @@ constexpr size_t kNaturalLayoutMaxRows = 3;
 //   sum_lo[r * nb16 + b] int32 sum of its codes 0-15 (Q6_K's half-block bias)
 //   dsum[r * nb16 + b]  float(sum) * d (the Q4_1 / K-quant min term's factor)
 // Padding blocks have zero codes and zero d, sum, sum_lo, dsum.
+
 struct QuantRows {
   const int8_t* codes = nullptr;
   const float* d = nullptr;
@@ -70,6 +71,11 @@ struct PathKernels {
   // gate[i] = silu(gate[i]) * up[i] with canonical_exp: the same bits on
   // every path.
   void (*silu_mul)(float* gate, const float* up, size_t n);
+  // Int8 mode's activation quantizer for the nb 32-element blocks at x
+  // (int8_quant.h): codes in the natural layout, per-block d, sum, sum_lo.
+  // The same bytes on every path.
+  void (*quantize_int8_row)(const float* x, size_t nb, int8_t* codes, float* d, int32_t* sum,
+                            int32_t* sum_lo);
 };
 
 const PathKernels& reference_kernels();

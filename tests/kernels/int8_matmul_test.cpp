@@ -332,6 +332,52 @@ TEST(Int8Matmul, UnsupportedTypesRunExact) {
   }
 }
 
+// Every path's activation quantizer writes the reference's bytes: codes,
+// d, sum and sum_lo, bit for bit, for random blocks and for the edge cases
+// (zero and all-equal blocks, ties at .5 steps, subnormal and huge values,
+// one infinity or NaN in a block, which take the scalar code).
+TEST(Int8Matmul, QuantizerGivesTheSameBytesOnEveryPath) {
+  constexpr size_t nb = 12;
+  std::vector<float> x = random_floats(32 * nb, 5);
+  for (size_t k = 0; k < 32; ++k) {
+    x[32 * 1 + k] = 0.0f;                                     // zero block
+    x[32 * 2 + k] = -3.0f;                                    // all equal
+    x[32 * 4 + k] = std::ldexp(static_cast<float>(k + 1), -140);  // subnormal
+    x[32 * 5 + k] = std::ldexp(static_cast<float>(k) - 16.0f, 120);  // huge
+  }
+  // amax 127, so d = 1 and codes 0-30 are all ties (-15.5 .. 14.5).
+  for (size_t k = 0; k < 32; ++k) x[32 * 3 + k] = k < 31 ? static_cast<float>(k) - 15.5f : 127.0f;
+  x[32 * 6 + 7] = INFINITY;
+  x[32 * 7 + 30] = -INFINITY;
+  x[32 * 8 + 3] = NAN;
+  x[32 * 9 + 0] = -0.0f;
+  struct Out {
+    std::vector<int8_t> codes = std::vector<int8_t>(32 * nb);
+    std::vector<float> d = std::vector<float>(nb);
+    std::vector<int32_t> sum = std::vector<int32_t>(nb), sum_lo = std::vector<int32_t>(nb);
+  };
+  auto quantize = [&](CpuPath p) {
+    Out o;
+    kernels_for(p).quantize_int8_row(x.data(), nb, o.codes.data(), o.d.data(), o.sum.data(),
+                                     o.sum_lo.data());
+    return o;
+  };
+  const Out ref = quantize(CpuPath::Reference);
+  EXPECT_EQ(ref.d[1], 0.0f);
+  EXPECT_EQ(ref.d[3], 1.0f);
+  EXPECT_EQ(ref.codes[32 * 3 + 0], -16);  // -15.5 rounds to even
+  EXPECT_EQ(ref.codes[32 * 3 + 1], -14);  // -14.5 too
+  EXPECT_TRUE(std::isinf(ref.d[6]) && std::isinf(ref.d[7]) && std::isnan(ref.d[8]));
+  for (size_t k = 0; k < 32; ++k) EXPECT_EQ(ref.codes[32 * 6 + k], 0);
+  for (CpuPath p : test::available_paths()) {
+    const Out o = quantize(p);
+    EXPECT_EQ(o.codes, ref.codes) << cpu_path_name(p);
+    EXPECT_EQ(0, std::memcmp(o.d.data(), ref.d.data(), nb * sizeof(float))) << cpu_path_name(p);
+    EXPECT_EQ(o.sum, ref.sum) << cpu_path_name(p);
+    EXPECT_EQ(o.sum_lo, ref.sum_lo) << cpu_path_name(p);
+  }
+}
+
 TEST(Int8Matmul, ModeNames) {
   EXPECT_EQ(parse_matmul_mode("int8"), MatmulMode::Int8);
   EXPECT_EQ(parse_matmul_mode("exact"), MatmulMode::Exact);

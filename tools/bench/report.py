@@ -92,7 +92,7 @@ def render(by) -> str:
     w(f"| ferry | {machine.get('ferry_version', '?')} |")
     builds = {r.get("build") for r in by["single"] if r["engine"] == "llama.cpp" and r.get("build")}
     w(f"| llama.cpp | from the `llama-cpp-python==0.3.36` sdist (vendor/llama.cpp, build "
-      f"{', '.join(sorted(builds)) or '?'}), CPU backend, Release, GGML_NATIVE=ON |")
+      f"{', '.join(sorted(builds)) or '?'}), CPU backend, Release, GGML_NATIVE=ON, ggml AMX compiled out (its AMX kernels crashed on prompts here; tools/peers/install-llama-cpp.sh) |")
     if any(r["engine"] == "mlx-lm" for r in by["single"] + by["serve"]):
         w("| mlx-lm | `mlx[cpu]==0.32.4`, `mlx-lm==0.32.2` (Linux CPU backend) |")
     w(f"| driver arguments | `{' '.join(argv)}` |" if argv else "| driver arguments | — |")
@@ -104,7 +104,9 @@ def render(by) -> str:
         rl = by["roofline"][0]["result"]
         w(f"### Roofline (`{by['roofline'][0].get('cmd', 'roofline --json')}`)\n")
         w(f"Best of {rl['reps']} runs; read bandwidth over a {rl['buffer_mib']} MiB buffer. "
-          "The decode roofline below uses the higher of the two bandwidth figures.\n")
+          "\"read bandwidth\" is the best of three ways of reading (one stream, one stream "
+          "with software prefetch, four streams per thread; bench/roofline.cpp); the decode "
+          "roofline below uses the higher of its two figures (1 thread, all threads).\n")
         w("| measure | threads | value |\n| --- | ---: | ---: |")
         for r in rl["results"]:
             w(f"| {r['name']} | {r['threads']} | {r['value']:.1f} {r['unit']} |")

@@ -13,7 +13,10 @@ BIN="$ROOT/bin"
 TARGETS=(llama-server llama-bench llama-batched-bench llama-quantize llama-simple llama-cli llama-tokenize)
 JOBS="${FERRY_PEER_JOBS:-$(nproc)}"
 
-if [[ -f "$BIN/.done" ]]; then
+# What a finished install records: a different stamp (an older install,
+# or one built with other flags) is rebuilt.
+STAMP="llama-cpp-python==$PIN, ggml AMX off"
+if [[ -f "$BIN/.done" && "$(cat "$BIN/.done")" == "$STAMP" ]]; then
   echo "$BIN"
   exit 0
 fi
@@ -34,18 +37,25 @@ fi
 
 # 2. Build. CPU only; no web UI download, no TLS, no tests or examples we
 # do not use. The git-less tree gets a build number of 0; the pin names it.
+# ggml's AMX kernels are compiled out (-U__AMX_INT8__; a no-op on CPUs
+# without AMX): on the 2-core Xeon with AMX that ran the 2026-12-01
+# benchmarks, every prompt step of this version crashed in
+# ggml_backend_amx_mul_mat (SIGSEGV, all five benchmark models; AMX itself
+# works there). `--repack 0` would avoid it too, but also turns off the
+# AVX-512 repacked kernels that make llama.cpp fast.
 echo "peers: building llama.cpp from llama-cpp-python==$PIN (-j$JOBS; slow on 2 cores)" >&2
 cmake -S "$ROOT/src" -B "$ROOT/build" -G Ninja \
   -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
   -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_OPENMP=ON \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON \
   -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-  -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >&2
+  -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
+  -DCMAKE_C_FLAGS=-U__AMX_INT8__ -DCMAKE_CXX_FLAGS=-U__AMX_INT8__ >&2
 cmake --build "$ROOT/build" -j"$JOBS" --target "${TARGETS[@]}" >&2
 
 mkdir -p "$BIN"
 for t in "${TARGETS[@]}"; do
   cp -f "$ROOT/build/bin/$t" "$BIN/"
 done
-echo "llama-cpp-python==$PIN" >"$BIN/.done"
+echo "$STAMP" >"$BIN/.done"
 echo "$BIN"
