@@ -953,6 +953,10 @@ inline void scales_f16_pair(const uint8_t* first, size_t n, Vec16& lo, Vec16& hi
 }
 
 // block_dots_direct (see the AVX-512 one): unpack, then block_dots_natural.
+// It reads only the n blocks unpack_codes wrote; GCC 12 cannot see that
+// once few_rows inlines it, hence the pragma.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 template <bool Nibbles, bool Signed>
 inline I32x16 block_dots_direct(const uint8_t* src, size_t stride, size_t n, uint8_t flip,
                                 const int8_t* x) {
@@ -960,6 +964,7 @@ inline I32x16 block_dots_direct(const uint8_t* src, size_t stride, size_t n, uin
   unpack_codes<Nibbles>(src, stride, n, flip, natural);
   return block_dots_natural<Signed>(natural, x, n);
 }
+#pragma GCC diagnostic pop
 
 #endif
 

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "kernels/int8_dots.h"
@@ -185,18 +186,37 @@ constexpr size_t kPassRows = 64;
 // unpacked copy of each chunk. With 2 or 3 rows each row builds the codes
 // again, from the weight bytes the first row brought into L1: cheaper than
 // storing them and loading them back.
+// How far ahead few_rows asks for weight bytes (into L2, prefetcht1):
+// measured on the 2-vCPU Xeon of 2026-12-01, 2 threads, decode tok/s with
+// nothing / 1 / 2 / 3 / 4 KiB: 1B-shaped Q4_K_M 21.9 / 23.6 / 25.8 / 25.7
+// / 24.3, its Q8_0 16.0 / 15.9 / 17.9 / 18.4 / 18.1, SmolLM2 Q8_0 127.8 /
+// 126.1 / 151.0 / 164.5 / 168.8, Q4_1 148.8 / 165.5 / 199.1 / 226.0 /
+// 229.4. Without it the core and the memory took turns (hot, the kernel
+// streams 42 GB/s of Q4_K on two threads; from DRAM it got 13-14 where a
+// plain read gets 33). Into L1 (prefetcht0) was slower for Q8_0 and
+// non-temporal much slower.
+constexpr size_t kFewRowsAhead = 3072;
+
 template <class U, size_t NR>
 void few_rows(const WeightView& w, const QuantRows& x, float* y, size_t j0, size_t j1) {
   const size_t nb = x.nb, nb16 = x.nb16, N = w.n_out, rb = w.row_bytes();
-  // One column at a time, so the weights are read in address order (the
-  // hardware prefetchers keep up: interleaving two columns, or software
-  // prefetches as in path_impl.h, measured slower from DRAM).
+  // One column at a time, so the weights are read in address order, with a
+  // software prefetch kFewRowsAhead bytes on (interleaving two columns was
+  // measured slower from DRAM).
   for (size_t j = j0; j < j1; ++j) {
     const uint8_t* row = w.data + j * rb;
     Vec16 a[NR];
     for (size_t r = 0; r < NR; ++r) a[r] = Vec16::zero();
     for (size_t b = 0; b < nb; b += 16) {
       const size_t n = std::min<size_t>(16, nb - b);
+#if defined(FERRY_VEC_AVX512) || defined(FERRY_VEC_AVX2)
+      // This chunk's bytes, kFewRowsAhead further on, towards L2.
+      const uintptr_t p0 =
+          reinterpret_cast<uintptr_t>(row + b * rb / nb + kFewRowsAhead) & ~uintptr_t{63};
+      const uintptr_t p1 = reinterpret_cast<uintptr_t>(row + (b + n) * rb / nb + kFewRowsAhead);
+      for (uintptr_t p = p0; p < p1; p += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
+#endif
       Vec16 dw, m;
       U::scales(row, b, n, dw, m);
       for (size_t r = 0; r < NR; ++r) {
