@@ -15,7 +15,9 @@
 // vb (a lane's kE dimensions lie in one group), vb is rescaled with acc by
 // the online softmax, and acc + vb closes each virtual warp's state (two
 // operations per element instead of three; affine K is decoded as
-// scale * code + bias, each rounded, then FMA'd with q).
+// scale * code + bias, each rounded, then FMA'd with q: one fma does the
+// first two, as scale * code is exact, and the scale and bias are loaded
+// once per group).
 //
 // Kernels (all with that arithmetic, so they give the same bits; the tests
 // compare them):
@@ -106,16 +108,18 @@ __device__ __forceinline__ void decode_run(const SideView& s, size_t j, uint32_t
       const uint32_t g = i0 >> s.group_shift;
       const float sc = h2f(static_cast<uint16_t>(ld_u16(s.p[1] + j * s.unit[1] + 2 * g)));
       const float bi = h2f(static_cast<uint16_t>(ld_u16(s.p[2] + j * s.unit[2] + 2 * g)));
+      // One fma where the contract says scale * code, rounded, then +
+      // bias, rounded: the product of an f16 scale (11 significant bits)
+      // and a code below 256 (8 bits) is exact in float, so rounding it
+      // changes nothing and the fma gives the same bits.
       if (s.bits == 4) {
         const auto b = load_bytes<N / 2>(row + i0 / 2);
 #pragma unroll
-        for (int i = 0; i < N; ++i)
-          out[i] = __fadd_rn(__fmul_rn(sc, code_to_float(b.field(i, 4))), bi);
+        for (int i = 0; i < N; ++i) out[i] = __fmaf_rn(sc, code_to_float(b.field(i, 4)), bi);
       } else {
         const auto b = load_bytes<N>(row + i0);
 #pragma unroll
-        for (int i = 0; i < N; ++i)
-          out[i] = __fadd_rn(__fmul_rn(sc, code_to_float(b.field(i, 8))), bi);
+        for (int i = 0; i < N; ++i) out[i] = __fmaf_rn(sc, code_to_float(b.field(i, 8)), bi);
       }
       return;
     }
@@ -237,11 +241,38 @@ __device__ __forceinline__ void tile_core(const float* q_s, const SideView& K, c
   for (int h = 0; h < kG; ++h) s[h] = 0.0f;
   if (valid) {
     const size_t j = row(lane);
+    if (kAffine && K.kind == Kind::Affine) {
+      // decode_run's arithmetic, with each group's scale and bias loaded
+      // once instead of once per 16 elements (runs of 16 lie in one group).
+      const uint8_t* codes = K.p[0] + j * K.unit[0];
+      const uint8_t* scales = K.p[1] + j * K.unit[1];
+      const uint8_t* biases = K.p[2] + j * K.unit[2];
+      const uint32_t group = 1u << K.group_shift;
+      for (uint32_t g0 = 0, g = 0; g0 < D; g0 += group, ++g) {
+        const float sc = h2f(static_cast<uint16_t>(ld_u16(scales + 2 * g)));
+        const float bi = h2f(static_cast<uint16_t>(ld_u16(biases + 2 * g)));
 #pragma unroll 2
-    for (uint32_t c = 0; c < D; c += 16) {
-      float kv[16];
-      decode_run<16>(K, j, c, kv);
-      dot16<kG>(s, kv, q_s, D, c);
+        for (uint32_t c = g0; c < g0 + group; c += 16) {
+          float kv[16];
+          if (K.bits == 4) {
+            const auto b = load_bytes<8>(codes + c / 2);
+#pragma unroll
+            for (int i = 0; i < 16; ++i) kv[i] = __fmaf_rn(sc, code_to_float(b.field(i, 4)), bi);
+          } else {
+            const auto b = load_bytes<16>(codes + c);
+#pragma unroll
+            for (int i = 0; i < 16; ++i) kv[i] = __fmaf_rn(sc, code_to_float(b.field(i, 8)), bi);
+          }
+          dot16<kG>(s, kv, q_s, D, c);
+        }
+      }
+    } else {
+#pragma unroll 2
+      for (uint32_t c = 0; c < D; c += 16) {
+        float kv[16];
+        decode_run<16>(K, j, c, kv);
+        dot16<kG>(s, kv, q_s, D, c);
+      }
     }
   }
   // Online softmax over the tile (every lane ends with the same m, l).
