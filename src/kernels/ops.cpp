@@ -262,16 +262,19 @@ void attention(const Context& ctx, const AttentionShape& shape,
   FERRY_CHECK(shape.n_kv_heads > 0 && shape.n_heads % shape.n_kv_heads == 0, "attention",
               "n_heads=", shape.n_heads, " n_kv_heads=", shape.n_kv_heads);
   const PathKernels& k = kernels_for(ctx.path);
+  const size_t group = shape.n_heads / shape.n_kv_heads;
   size_t scratch_size = 0;
   for (const auto& t : tasks) {
     FERRY_CHECK(t.n_keys() > 0, "attention", "a query with no visible keys");
-    scratch_size = std::max(scratch_size, t.n_keys() + 2 * shape.head_dim);
+    scratch_size = std::max(scratch_size, group * t.n_keys() + shape.head_dim);
   }
-  run(ctx, tasks.size() * shape.n_heads, 1, [&](size_t b, size_t e) {
+  // One item per (task, kv head): the group's query heads run together
+  // (path_impl.h, attention_group), each with its own arithmetic.
+  run(ctx, tasks.size() * shape.n_kv_heads, 1, [&](size_t b, size_t e) {
     thread_local std::vector<float> scratch;
     if (scratch.size() < scratch_size) scratch.resize(scratch_size);
     for (size_t i = b; i < e; ++i)
-      k.attention_head(shape, tasks[i / shape.n_heads], i % shape.n_heads, scratch.data());
+      k.attention_group(shape, tasks[i / shape.n_kv_heads], i % shape.n_kv_heads, scratch.data());
   });
 }
 

@@ -127,7 +127,7 @@ struct AttentionShape {
 // Decodes token slot j of kv head h into head_dim floats (exact: the same
 // bits on every path).
 void decode_kv(const KvSide& side, size_t head_dim, size_t h, size_t j, float* out);
-// Runs every task × head, threads split over (task, head) pairs.
+// Runs every task × head, threads split over (task, kv head) pairs.
 void attention(const Context& ctx, const AttentionShape& shape,
                std::span<const AttentionTask> tasks);
 

@@ -315,52 +315,102 @@ inline const float* kv_row(const KvSide& side, size_t D, size_t h, size_t j, flo
   return tmp;
 }
 
-// Scores in key order, max, exp, sum in key order, then the weighted sum of
-// values accumulated in key order for every output lane.
-inline void attention_head(const AttentionShape& s, const AttentionTask& t, size_t h,
-                           float* scratch) {
-  const size_t D = s.head_dim;
-  const size_t kvh = h / (s.n_heads / s.n_kv_heads);
-  const float* q = t.q + h * D;
-  float* scores = scratch;
-  float* tmp = scratch + t.n_keys();
-  float mx = -INFINITY;
+// p_j * v_j accumulated in key order into NH heads x NC Vec16 of lanes
+// [16 c0, 16 (c0 + NC)): for each key, one decoded V row feeds every head,
+// and the NH * NC accumulator chains are independent (the per-lane
+// arithmetic is each head's own: one fma per key, in key order).
+template <size_t NH, size_t NC>
+inline void accumulate_values(const AttentionTask& t, size_t D, size_t kvh, const float* scores,
+                              size_t nk, size_t c0, Vec16* acc, float* tmp) {
+  Vec16 a[NH][NC];
+  for (size_t h = 0; h < NH; ++h)
+    for (size_t c = 0; c < NC; ++c) a[h][c] = Vec16::zero();
   size_t n = 0;
   for (const KeySegment& sg : t.seg)
     for (size_t j = sg.begin; j < sg.end; ++j, ++n) {
-      scores[n] = dot16(q, kv_row(*t.k, D, kvh, j, tmp), D) * s.scale;
-      mx = std::max(mx, scores[n]);
+      const float* vr = kv_row(*t.v, D, kvh, j, tmp) + 16 * c0;
+      Vec16 v[NC];
+      for (size_t c = 0; c < NC; ++c) v[c] = Vec16::load(vr + 16 * c);
+      for (size_t h = 0; h < NH; ++h) {
+        const Vec16 p = Vec16::splat(scores[h * nk + n]);
+        for (size_t c = 0; c < NC; ++c) a[h][c].fma(p, v[c]);
+      }
     }
-  // e^(score - max), then summed in key order.
-  exp_shifted(scores, n, mx);
-  float sum = 0.0f;
-  for (size_t i = 0; i < n; ++i) sum += scores[i];
-  float* out = t.out + h * D;
-  const float inv = 1.0f / sum;
-  // Each output lane accumulates p_j * v_j[d] over keys in position order
-  // (the same per-lane arithmetic whatever the chunking below).
-  constexpr size_t kChunk = 8;  // 8 Vec16 = 128 lanes kept in registers
-  for (size_t d0 = 0; d0 < D; d0 += kChunk * 16) {
-    const size_t nv = std::min(kChunk, (D - d0) / 16);
-    Vec16 acc[kChunk];
-    for (size_t c = 0; c < nv; ++c) acc[c] = Vec16::zero();
-    n = 0;
+  for (size_t h = 0; h < NH; ++h)
+    for (size_t c = 0; c < NC; ++c) acc[h * NC + c] = a[h][c];
+}
+
+// The query heads of kv head kvh's GQA group (n_heads / n_kv_heads of
+// them) over the task's keys. Per head: scores in key order (canonical
+// dots), max, exp, sum in key order, then the weighted sum of values
+// accumulated in key order for every output lane, divided by the sum. The
+// heads share each decoded K and V row, and their independent chains (the
+// sums, the value accumulators) interleave instead of waiting on one
+// another; each head's operations and their order are those it would have
+// alone. scratch holds heads * n_keys + head_dim floats.
+inline void attention_group(const AttentionShape& s, const AttentionTask& t, size_t kvh,
+                            float* scratch) {
+  const size_t D = s.head_dim, G = s.n_heads / s.n_kv_heads, nk = t.n_keys();
+  float* scores = scratch;  // [G][nk]
+  float* tmp = scratch + G * nk;
+  const float* q = t.q + kvh * G * D;
+  float* out = t.out + kvh * G * D;
+  constexpr size_t kMaxHeads = 16;
+  float mx[kMaxHeads], sum[kMaxHeads];
+  for (size_t g0 = 0; g0 < G; g0 += kMaxHeads) {
+    const size_t ng = std::min(kMaxHeads, G - g0);
+    for (size_t g = 0; g < ng; ++g) mx[g] = -INFINITY;
+    size_t n = 0;
     for (const KeySegment& sg : t.seg)
       for (size_t j = sg.begin; j < sg.end; ++j, ++n) {
-        const float* vr = kv_row(*t.v, D, kvh, j, tmp);
-        const Vec16 p = Vec16::splat(scores[n]);
-        for (size_t c = 0; c < nv; ++c) acc[c].fma(p, Vec16::load(vr + d0 + 16 * c));
+        const float* kr = kv_row(*t.k, D, kvh, j, tmp);
+        for (size_t g = 0; g < ng; ++g) {
+          const float sc = dot16(q + (g0 + g) * D, kr, D) * s.scale;
+          scores[(g0 + g) * nk + n] = sc;
+          mx[g] = std::max(mx[g], sc);
+        }
       }
-    for (size_t c = 0; c < nv; ++c) {
-      float lanes[16];
-      acc[c].store(lanes);
-      for (int l = 0; l < 16; ++l) out[d0 + 16 * c + l] = lanes[l] * inv;
+    // e^(score - max), then summed in key order.
+    for (size_t g = 0; g < ng; ++g) exp_shifted(scores + (g0 + g) * nk, n, mx[g]);
+    for (size_t g = 0; g < ng; ++g) sum[g] = 0.0f;
+    for (size_t i = 0; i < n; ++i)
+      for (size_t g = 0; g < ng; ++g) sum[g] += scores[(g0 + g) * nk + i];
+    // Values: at most 8 accumulators at a time (two heads of 64 lanes, or
+    // one head of 128).
+    const size_t nv = D / 16;
+    for (size_t c0 = 0; c0 < nv; c0 += 8) {
+      const size_t nc = std::min<size_t>(8, nv - c0);
+      for (size_t g = 0; g < ng;) {
+        Vec16 acc[8];
+        const float* sg = scores + (g0 + g) * nk;
+        size_t nh = 1;
+        if (nc == 4 && g + 1 < ng) {
+          nh = 2;
+          accumulate_values<2, 4>(t, D, kvh, sg, nk, c0, acc, tmp);
+        } else if (nc == 4) {
+          accumulate_values<1, 4>(t, D, kvh, sg, nk, c0, acc, tmp);
+        } else if (nc == 8) {
+          accumulate_values<1, 8>(t, D, kvh, sg, nk, c0, acc, tmp);
+        } else {
+          for (size_t c = 0; c < nc; ++c) accumulate_values<1, 1>(t, D, kvh, sg, nk, c0 + c, acc + c, tmp);
+        }
+        for (size_t h = 0; h < nh; ++h) {
+          const float inv = 1.0f / sum[g + h];
+          float* o = out + (g0 + g + h) * D;
+          for (size_t c = 0; c < nc; ++c) {
+            float lanes[16];
+            acc[h * nc + c].store(lanes);
+            for (int l = 0; l < 16; ++l) o[16 * (c0 + c) + l] = lanes[l] * inv;
+          }
+        }
+        g += nh;
+      }
     }
   }
 }
 
 inline const PathKernels& table() {
-  static const PathKernels k{&dot,        &matmul_cols, &attention_head,   &int8::matmul_cols,
+  static const PathKernels k{&dot,        &matmul_cols, &attention_group,  &int8::matmul_cols,
                              &exp_shifted, &silu_mul,    &quantize_int8_row};
   return k;
 }

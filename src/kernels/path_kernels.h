@@ -61,9 +61,10 @@ struct PathKernels {
   // Columns [j0, j1) of y for all n_rows rows.
   void (*matmul_cols)(const WeightView& w, const float* x, size_t n_rows, float* y, size_t j0,
                       size_t j1);
-  // One attention head of one task; scratch holds n_keys + 2 * head_dim floats.
-  void (*attention_head)(const AttentionShape& s, const AttentionTask& t, size_t head,
-                         float* scratch);
+  // The query heads of one kv head's GQA group, for one task; scratch
+  // holds (n_heads / n_kv_heads) * n_keys + head_dim floats.
+  void (*attention_group)(const AttentionShape& s, const AttentionTask& t, size_t kv_head,
+                          float* scratch);
   MatmulInt8Cols matmul_int8_cols;
   // x[i] = e^(x[i] - shift) as the attention softmax takes it (vec16.h,
   // canonical_exp): the same bits on every path.

@@ -290,6 +290,54 @@ TEST(Kernels, EmbedRejectsOutOfRangeToken) {
 namespace ferry::kernels {
 namespace {
 
+// The heads of a GQA group run together (attention_group) but each keeps
+// its own arithmetic: the output equals, bit for bit, that of the same
+// query heads each given a kv head of its own (a copy of its group's), for
+// head_dim 64 (two heads' value accumulators at a time) and 128 and 48 (one
+// head, whole and in single vectors), groups of 3 (a pair plus one) and 1.
+TEST(Kernels, AttentionGroupHeadsEqualHeadsAlone) {
+  for (size_t D : {64u, 128u, 48u})
+    for (size_t group : {3u, 1u}) {
+      const size_t n_kv = 2, n_heads = n_kv * group, cap = 40;
+      const AttentionShape grouped{n_heads, n_kv, D, 1.0f / std::sqrt(static_cast<float>(D))};
+      const AttentionShape alone{n_heads, n_heads, D, grouped.scale};
+      const auto q = random_floats(n_heads * D, 7);
+      const auto k = random_floats(n_kv * cap * D, 8), v = random_floats(n_kv * cap * D, 9);
+      // Kv head h of the "alone" layout = kv head h / group of the grouped one.
+      std::vector<float> k1(n_heads * cap * D), v1(n_heads * cap * D);
+      for (size_t h = 0; h < n_heads; ++h)
+        for (size_t i = 0; i < cap * D; ++i) {
+          k1[h * cap * D + i] = k[(h / group) * cap * D + i];
+          v1[h * cap * D + i] = v[(h / group) * cap * D + i];
+        }
+      auto side = [&](const std::vector<float>& data) {
+        KvSide sd;
+        sd.format = KvFormat::f32();
+        sd.plane[0] = reinterpret_cast<const uint8_t*>(data.data());
+        sd.head_stride[0] = cap * D * 4;
+        sd.unit[0] = D * 4;
+        return sd;
+      };
+      auto run = [&](const AttentionShape& s, const KvSide& ks, const KvSide& vs, CpuPath p) {
+        std::vector<float> out(n_heads * D);
+        AttentionTask t;
+        t.q = q.data();
+        t.out = out.data();
+        t.k = &ks;
+        t.v = &vs;
+        t.seg[0] = {17, cap};  // a wrapped ring: two segments, 36 keys
+        t.seg[1] = {0, 13};
+        ThreadPool pool(2);
+        attention(Context{&pool, p}, s, std::span<const AttentionTask>(&t, 1));
+        return out;
+      };
+      const KvSide ks = side(k), vs = side(v), ks1 = side(k1), vs1 = side(v1);
+      for (CpuPath p : available_paths())
+        EXPECT_TRUE(same_bits(run(grouped, ks, vs, p), run(alone, ks1, vs1, p)))
+            << cpu_path_name(p) << " D=" << D << " group=" << group;
+    }
+}
+
 // Attention over encoded KV (f16, bf16, affine 8/4-bit) equals attention
 // over the same keys decoded to f32, bit for bit, on every path: decoding is
 // exact and the reduction order does not depend on the storage.
