@@ -79,6 +79,25 @@ __device__ __forceinline__ float code_to_float(uint32_t c) {
   return __fsub_rn(__uint_as_float(0x4b000000u | c), 8388608.0f);
 }
 
+// Elements [i0, i0 + N) of an affine row whose codes start at `codes`,
+// with their group's scale and bias: one fma each where the contract says
+// scale * code, rounded, then + bias, rounded. The product of an f16 scale
+// (11 significant bits) and a code below 256 (8 bits) is exact in float,
+// so rounding it changes nothing and the fma gives the same bits.
+template <int N>
+__device__ __forceinline__ void affine_run(const uint8_t* codes, uint32_t i0, int bits, float sc,
+                                           float bi, float* out) {
+  if (bits == 4) {
+    const auto b = load_bytes<N / 2>(codes + i0 / 2);
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = __fmaf_rn(sc, code_to_float(b.field(i, 4)), bi);
+  } else {
+    const auto b = load_bytes<N>(codes + i0);
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = __fmaf_rn(sc, code_to_float(b.field(i, 8)), bi);
+  }
+}
+
 // Elements [i0, i0 + N) of token slot j, decoded exactly as
 // kernels/kv_decode.h (affine: scale * code, then + bias, each rounded).
 // i0 is a multiple of N, and N divides 16, so the run lies in one group.
@@ -108,20 +127,7 @@ __device__ __forceinline__ void decode_run(const SideView& s, size_t j, uint32_t
       const uint32_t g = i0 >> s.group_shift;
       const float sc = h2f(static_cast<uint16_t>(ld_u16(s.p[1] + j * s.unit[1] + 2 * g)));
       const float bi = h2f(static_cast<uint16_t>(ld_u16(s.p[2] + j * s.unit[2] + 2 * g)));
-      // One fma where the contract says scale * code, rounded, then +
-      // bias, rounded: the product of an f16 scale (11 significant bits)
-      // and a code below 256 (8 bits) is exact in float, so rounding it
-      // changes nothing and the fma gives the same bits.
-      if (s.bits == 4) {
-        const auto b = load_bytes<N / 2>(row + i0 / 2);
-#pragma unroll
-        for (int i = 0; i < N; ++i) out[i] = __fmaf_rn(sc, code_to_float(b.field(i, 4)), bi);
-      } else {
-        const auto b = load_bytes<N>(row + i0);
-#pragma unroll
-        for (int i = 0; i < N; ++i) out[i] = __fmaf_rn(sc, code_to_float(b.field(i, 8)), bi);
-      }
-      return;
+      return affine_run<N>(row, i0, s.bits, sc, bi, out);
     }
   }
 }
@@ -254,15 +260,7 @@ __device__ __forceinline__ void tile_core(const float* q_s, const SideView& K, c
 #pragma unroll 2
         for (uint32_t c = g0; c < g0 + group; c += 16) {
           float kv[16];
-          if (K.bits == 4) {
-            const auto b = load_bytes<8>(codes + c / 2);
-#pragma unroll
-            for (int i = 0; i < 16; ++i) kv[i] = __fmaf_rn(sc, code_to_float(b.field(i, 4)), bi);
-          } else {
-            const auto b = load_bytes<16>(codes + c);
-#pragma unroll
-            for (int i = 0; i < 16; ++i) kv[i] = __fmaf_rn(sc, code_to_float(b.field(i, 8)), bi);
-          }
+          affine_run<16>(codes, c, K.bits, sc, bi, kv);
           dot16<kG>(s, kv, q_s, D, c);
         }
       }

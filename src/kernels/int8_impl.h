@@ -179,13 +179,6 @@ struct UnpackQ6_K {
 // row's chunks stream past them; each pass unpacks the weights again.
 constexpr size_t kPassRows = 64;
 
-// cols for NR <= kNaturalLayoutMaxRows activation rows in the natural
-// layout (decode), for the types that build their codes in registers
-// (U::dots: SimpleBlocks, Q4_K, Q5_K; U::isum_direct: Q6_K): the same
-// operations on the same values in the same order as cols, minus the
-// unpacked copy of each chunk. With 2 or 3 rows each row builds the codes
-// again, from the weight bytes the first row brought into L1: cheaper than
-// storing them and loading them back.
 // How far ahead few_rows asks for weight bytes (into L2, prefetcht1):
 // measured on the 2-vCPU Xeon of 2026-12-01, 2 threads, decode tok/s with
 // nothing / 1 / 2 / 3 / 4 KiB: 1B-shaped Q4_K_M 21.9 / 23.6 / 25.8 / 25.7
@@ -196,6 +189,14 @@ constexpr size_t kPassRows = 64;
 // plain read gets 33). Into L1 (prefetcht0) was slower for Q8_0 and
 // non-temporal much slower.
 constexpr size_t kFewRowsAhead = 3072;
+
+// cols for NR <= kNaturalLayoutMaxRows activation rows in the natural
+// layout (decode), for the types that build their codes in registers
+// (U::dots: SimpleBlocks, Q4_K, Q5_K; U::isum_direct: Q6_K): the same
+// operations on the same values in the same order as cols, minus the
+// unpacked copy of each chunk. With 2 or 3 rows each row builds the codes
+// again, from the weight bytes the first row brought into L1: cheaper than
+// storing them and loading them back.
 
 template <class U, size_t NR>
 void few_rows(const WeightView& w, const QuantRows& x, float* y, size_t j0, size_t j1) {

@@ -11,7 +11,7 @@
 // The vector versions compute the same values with the same IEEE
 // operations (a maximum, one division per element, the 1.5 * 2^23 rounding
 // add and subtract, a clamp), so every path writes the same bytes; blocks
-// with a non-finite element take the scalar code.
+// with a non-finite element, and those whose d is 0, take the scalar code.
 #pragma once
 
 #include <algorithm>
@@ -65,19 +65,14 @@ inline void quantize_int8_row(const float* x, size_t nb, int8_t* codes, float* d
     const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
     const __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1);
     // Non-finite (|x| >= inf, or NaN: the ordered compare is false).
-    if (_mm512_cmp_ps_mask(a0, inf, _CMP_LT_OQ) != 0xffff ||
-        _mm512_cmp_ps_mask(a1, inf, _CMP_LT_OQ) != 0xffff) {
+    const bool finite = _mm512_cmp_ps_mask(a0, inf, _CMP_LT_OQ) == 0xffff &&
+                        _mm512_cmp_ps_mask(a1, inf, _CMP_LT_OQ) == 0xffff;
+    const float db = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1)) / 127.0f;
+    if (!finite || !(db > 0.0f)) {  // and zero blocks
       quantize_block_scalar(xb, codes + 32 * b, d + b, sum + b, sum_lo + b);
       continue;
     }
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
-    const float db = amax / 127.0f;
     d[b] = db;
-    if (!(db > 0.0f)) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 32 * b), _mm256_setzero_si256());
-      sum[b] = sum_lo[b] = 0;
-      continue;
-    }
     const __m512 dv = _mm512_set1_ps(db);
     auto code = [&](__m512 v) {
       const __m512 r = _mm512_sub_ps(_mm512_add_ps(_mm512_div_ps(v, dv), magic), magic);
@@ -107,20 +102,15 @@ inline void quantize_int8_row(const float* x, size_t nb, int8_t* codes, float* d
       finite = finite && _mm256_movemask_ps(_mm256_cmp_ps(a, inf, _CMP_LT_OQ)) == 0xff;
       m = _mm256_max_ps(m, a);
     }
-    if (!finite) {
-      quantize_block_scalar(xb, codes + 32 * b, d + b, sum + b, sum_lo + b);
-      continue;
-    }
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
     const float db = _mm_cvtss_f32(m4) / 127.0f;
-    d[b] = db;
-    if (!(db > 0.0f)) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 32 * b), _mm256_setzero_si256());
-      sum[b] = sum_lo[b] = 0;
+    if (!finite || !(db > 0.0f)) {  // and zero blocks
+      quantize_block_scalar(xb, codes + 32 * b, d + b, sum + b, sum_lo + b);
       continue;
     }
+    d[b] = db;
     const __m256 dv = _mm256_set1_ps(db);
     __m256i c[4];
     for (int i = 0; i < 4; ++i) {

@@ -382,17 +382,18 @@ inline void attention_group(const AttentionShape& s, const AttentionTask& t, siz
       const size_t nc = std::min<size_t>(8, nv - c0);
       for (size_t g = 0; g < ng;) {
         Vec16 acc[8];
-        const float* sg = scores + (g0 + g) * nk;
+        const float* head_scores = scores + (g0 + g) * nk;
         size_t nh = 1;
         if (nc == 4 && g + 1 < ng) {
           nh = 2;
-          accumulate_values<2, 4>(t, D, kvh, sg, nk, c0, acc, tmp);
+          accumulate_values<2, 4>(t, D, kvh, head_scores, nk, c0, acc, tmp);
         } else if (nc == 4) {
-          accumulate_values<1, 4>(t, D, kvh, sg, nk, c0, acc, tmp);
+          accumulate_values<1, 4>(t, D, kvh, head_scores, nk, c0, acc, tmp);
         } else if (nc == 8) {
-          accumulate_values<1, 8>(t, D, kvh, sg, nk, c0, acc, tmp);
+          accumulate_values<1, 8>(t, D, kvh, head_scores, nk, c0, acc, tmp);
         } else {
-          for (size_t c = 0; c < nc; ++c) accumulate_values<1, 1>(t, D, kvh, sg, nk, c0 + c, acc + c, tmp);
+          for (size_t c = 0; c < nc; ++c)
+            accumulate_values<1, 1>(t, D, kvh, head_scores, nk, c0 + c, acc + c, tmp);
         }
         for (size_t h = 0; h < nh; ++h) {
           const float inv = 1.0f / sum[g + h];

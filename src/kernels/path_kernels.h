@@ -40,7 +40,6 @@ constexpr size_t kNaturalLayoutMaxRows = 3;
 //   sum_lo[r * nb16 + b] int32 sum of its codes 0-15 (Q6_K's half-block bias)
 //   dsum[r * nb16 + b]  float(sum) * d (the Q4_1 / K-quant min term's factor)
 // Padding blocks have zero codes and zero d, sum, sum_lo, dsum.
-
 struct QuantRows {
   const int8_t* codes = nullptr;
   const float* d = nullptr;
