@@ -138,8 +138,7 @@ int main(int argc, char** argv) {
     for (auto v : variants) {
       const double t = time_launches(
           [&](size_t i) {
-            cuda::attention_variant(d_jobs[i % copies], jobs, shape,
-                                    f.kind == KvFormat::Kind::Affine, v, ws, nullptr);
+            cuda::attention_variant(d_jobs[i % copies], jobs, shape, {f, f}, v, ws, nullptr);
           },
           9);
       std::printf("%-6s %5zu %6zu %-6s %9.1f %7.0f\n", f.name().c_str(), jobs, prompt ? prompt : ctx,

@@ -40,6 +40,10 @@
 // never on the other jobs or the grid, so a query's output is bit-identical
 // alone or in any batch, whichever kernel runs it.
 #include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include <cuda_bf16.h>
 
 #include "cuda/common_impl.cuh"
 #include "cuda/cuda_internal.h"
@@ -762,6 +766,858 @@ __global__ void __launch_bounds__(256)
   store_out(job, size_t{h} * D + d, __fmul_rn(acc_run, inv));
 }
 
+// ---- tensor-core tiles ------------------------------------------------------------
+//
+// Calls whose K and V are both f16, both bf16 or both affine, with head_dim
+// 64 or 128, run kernels with a second arithmetic (the "tc" contract; the
+// format and head_dim are the cache's, never the batch's, so every kernel
+// that can run a job uses the same one). The tiles of 32 keys, the virtual
+// warps and the fold of their states are those above; inside a tile one
+// warp computes up to kTcHeads query heads of a kv head with mma m16n8k16
+// (f32 accumulation):
+// - q of head h is split into three 16-bit parts, rows h, 4 + h and 8 + h of
+//   the A operand. bf16 parts (bf16 and affine K) are exact: hi = bf16(q),
+//   mid = bf16(q - hi), lo = bf16(q - hi - mid) sum to q. f16 parts (f16 K)
+//   split q * 2^-e, e making the head's largest |q| lie in [2^13, 2^14), and
+//   lose only what falls below f16's subnormals (2^-24 of that scale).
+// - Scores: S = A K^T over the tile's keys, a key's score (S_hi + S_mid) +
+//   S_lo, times 2^e for f16; affine K: the same over each group's codes
+//   (exact in bf16) gives T_g, and the score is the sum over groups, in
+//   order from 0.0, of fma(scale, T_g, bias * qsum_g), qsum_g the head's q
+//   summed over the group (each lane its 8-element runs in order, then two
+//   butterflies).
+// - Online softmax per head over the tile (a lane's 8 keys in key order,
+//   then butterflies over the 4 lanes of a row; exp as above).
+// - p split likewise into three bf16 parts (f16 V: three f16 parts of
+//   p * 2^14; affine V: of p * scale per V group, with bias * p summed per
+//   group as vb), O += P V per part row; a virtual warp's state closes as
+//   (O_hi + O_mid) + O_lo (times 2^-14 for f16; + vb for affine).
+// The mma's own summation is fixed by the hardware and the same for every
+// row and column position, so a head's result does not depend on the
+// other heads or jobs.
+
+// A family of formats, as a template argument: kTcF16, kTcBF16, or affine K
+// and V with the same bits and group (tc_affine).
+constexpr int kTcNone = 0, kTcF16 = 1, kTcBF16 = 2;
+constexpr int tc_affine(int bits, int group) { return bits * 1024 + group; }
+constexpr bool tc_aff(int F) { return F >= 1024; }
+constexpr int tc_bits(int F) { return F / 1024; }
+constexpr int tc_group(int F) { return F % 1024; }
+// The element type of the mma operands: f16 for f16 K/V, else bf16 (affine
+// codes are exact in bf16).
+constexpr int tc_elem(int F) { return F == kTcF16 ? kTcF16 : kTcBF16; }
+constexpr int kTcHeads = 4;
+constexpr int kTcWarps = 4;  // warps of the per-warp tc kernel's blocks
+
+// One tile's image for head_dim D. Dense: K and V as 16-bit matrices
+// [32 keys][D]. Affine: K's codes as stored (raw rows at a padded pitch),
+// V's codes raw and then converted to exact bf16 [32][D], and the scale and
+// bias planes of both, raw f16 [32][D / 32]. In the 16-bit matrices,
+// 16-byte chunk c of row r sits at chunk k_at / v_at(c, r) so that the
+// fragment loads hit distinct banks (K: 16 bytes per lane from two rows per
+// 8-lane phase; V: ldmatrix, eight rows of one chunk).
+template <int D, int F>
+struct TcImage {
+  static constexpr bool kAff = tc_aff(F);
+  static constexpr uint32_t kRow = 2 * D, kChunks = D / 8, kGroups = D / 32;
+  // Affine K codes' pitch: 16 (4-bit) or 32 (8-bit) bytes past the row so
+  // the lanes' 4- or 8-byte reads of eight rows hit distinct banks.
+  static constexpr uint32_t kKPitch = kAff ? D * tc_bits(F) / 8 + (tc_bits(F) == 4 ? 16 : 32) : kRow;
+  static constexpr uint32_t kVPitch = kAff ? D * tc_bits(F) / 8 : kRow;  // raw affine V codes
+  static constexpr uint32_t kK = 0;                           // dense K / affine K codes
+  static constexpr uint32_t kVraw = kAff ? 32 * kKPitch : 0;  // affine V codes
+  static constexpr uint32_t kV = kAff ? kVraw + 32 * kVPitch : 32 * kRow;  // V as 16-bit
+  static constexpr uint32_t kSb = kV + 32 * kRow;
+  static constexpr uint32_t kSbPlane = 32 * kGroups * 2;
+  static constexpr uint32_t kBytes = kSb + (kAff ? 4 * kSbPlane : 0);  // K scale, K bias, V scale, V bias
+  __device__ static uint32_t k_at(uint32_t r, uint32_t c) {
+    return kK + r * kRow + 16 * (c ^ ((r & 1) << 2));
+  }
+  __device__ static uint32_t v_at(uint32_t r, uint32_t c) { return kV + r * kRow + 16 * (c ^ (r & 7)); }
+  __device__ static uint32_t sb_at(int plane, uint32_t r, uint32_t g) {
+    return kSb + plane * kSbPlane + 2 * (r * kGroups + g);
+  }
+};
+
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint2 lds64(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void sts128(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w));
+}
+__device__ __forceinline__ uint32_t lds16(uint32_t addr) {
+  unsigned short v;
+  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void sts16(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(static_cast<unsigned short>(v)));
+}
+
+// The generic pointer of a shared-memory address (stage_plane takes one).
+__device__ __forceinline__ uint8_t* tc_ptr(uint32_t addr) {
+  extern __shared__ __align__(16) float smem[];
+  return reinterpret_cast<uint8_t*>(smem) + (addr - static_cast<uint32_t>(__cvta_generic_to_shared(smem)));
+}
+
+// Eight codes (4-bit: one word; 8-bit: two) as eight exact bf16 values,
+// pairs (0, 1), (2, 3), (4, 5), (6, 7) in .x .. .w.
+__device__ __forceinline__ uint4 codes_to_bf16(uint32_t w0, uint32_t w1, int bits) {
+  uint32_t r[4];
+  if (bits == 4) {
+    // bf16 0x4300 | c is 128 + c (c < 128), exactly; minus 128, exactly c.
+    const uint32_t lo = w0 & 0x0f0f0f0fu, hi = (w0 >> 4) & 0x0f0f0f0fu;
+    const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.0f, 128.0f);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t v = (__byte_perm(lo, hi, 0x0400u + 0x0101u * i) & 0x00ff00ffu) | 0x43004300u;
+      const __nv_bfloat162 d = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&v), k128);
+      r[i] = *reinterpret_cast<const uint32_t*>(&d);
+    }
+  } else {
+    const uint32_t w[2] = {w0, w1};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t x = w[i / 2];
+      const int b = 2 * (i % 2);
+      const float a = code_to_float((x >> (8 * b)) & 0xffu),
+                  c = code_to_float((x >> (8 * b + 8)) & 0xffu);
+      const __nv_bfloat162 d = __floats2bfloat162_rn(a, c);  // exact: codes < 256
+      r[i] = *reinterpret_cast<const uint32_t*>(&d);
+    }
+  }
+  return make_uint4(r[0], r[1], r[2], r[3]);
+}
+// Eight codes of an affine row in the image, from element e0 (a multiple of 8).
+__device__ __forceinline__ uint4 image_codes(uint32_t row_addr, uint32_t e0, int bits) {
+  if (bits == 4) return codes_to_bf16(lds32(row_addr + e0 / 2), 0, 4);
+  const uint2 w = lds64(row_addr + e0);
+  return codes_to_bf16(w.x, w.y, 8);
+}
+
+// Issues the copies of the tile of keys from t0 into the image (threads
+// tid, tid + n_threads, ...; every plane by cp.async, stage_plane): dense
+// K and V into their 16-bit matrices; affine codes and scale/bias planes
+// raw. V's rows past the tile's keys become zeros (p = 0 there must meet
+// finite values). Affine V then needs tc_convert_v after the copies land.
+template <int D, int F>
+__device__ __forceinline__ void tc_stage(uint32_t img, uint8_t* img_ptr, const JobView& jv,
+                                         size_t t0, int tid, int n_threads) {
+  using Img = TcImage<D, F>;
+  constexpr uint32_t C = Img::kChunks;
+  const int nt = static_cast<int>(min(size_t{32}, jv.keys.n - t0));
+  auto slot = [&](int i) { return jv.keys.slot(t0 + i); };
+  const SideView &K = jv.k, &V = jv.v;
+  if constexpr (!tc_aff(F)) {
+    const bool a16 = ((reinterpret_cast<uintptr_t>(K.p[0]) | K.unit[0] |
+                       reinterpret_cast<uintptr_t>(V.p[0]) | V.unit[0]) & 15) == 0;
+    for (uint32_t i = tid; i < 32 * C; i += n_threads) {
+      const uint32_t r = i / C, c = i % C;
+      if (r >= static_cast<uint32_t>(nt)) {
+        sts128(img + Img::v_at(r, c), make_uint4(0, 0, 0, 0));
+        continue;
+      }
+      const size_t j = slot(static_cast<int>(r));
+      const uint8_t* ks = K.p[0] + j * K.unit[0] + 16 * c;
+      const uint8_t* vs = V.p[0] + j * V.unit[0] + 16 * c;
+      if (a16) {
+        cp_async_ca<16>(img + Img::k_at(r, c), ks);
+        cp_async_ca<16>(img + Img::v_at(r, c), vs);
+      } else {
+        uint32_t w[4], x[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          w[k] = ld_u16(ks + 4 * k) | ld_u16(ks + 4 * k + 2) << 16;
+          x[k] = ld_u16(vs + 4 * k) | ld_u16(vs + 4 * k + 2) << 16;
+        }
+        sts128(img + Img::k_at(r, c), make_uint4(w[0], w[1], w[2], w[3]));
+        sts128(img + Img::v_at(r, c), make_uint4(x[0], x[1], x[2], x[3]));
+      }
+    }
+  } else {
+    stage_plane(img_ptr + Img::kK, Img::kKPitch, K.p[0], K.unit[0], nt, slot, tid, n_threads);
+    stage_plane(img_ptr + Img::kVraw, Img::kVPitch, V.p[0], V.unit[0], nt, slot, tid, n_threads);
+    for (int pl = 0; pl < 4; ++pl) {
+      const SideView& s = pl < 2 ? K : V;
+      stage_plane(img_ptr + Img::kSb + pl * Img::kSbPlane, 2 * Img::kGroups, s.p[1 + pl % 2],
+                  s.unit[1 + pl % 2], nt, slot, tid, n_threads);
+    }
+    for (uint32_t i = nt * C + tid; i < 32 * C; i += n_threads)
+      sts128(img + Img::v_at(i / C, i % C), make_uint4(0, 0, 0, 0));
+    for (uint32_t i = nt * Img::kGroups + tid; i < 32 * Img::kGroups; i += n_threads) {
+      sts16(img + Img::sb_at(2, i / Img::kGroups, i % Img::kGroups), 0);
+      sts16(img + Img::sb_at(3, i / Img::kGroups, i % Img::kGroups), 0);
+    }
+  }
+}
+
+// Affine V's staged codes (rows [0, nt)) into the bf16 matrix.
+template <int D, int F>
+__device__ __forceinline__ void tc_convert_v(uint32_t img, int nt, int tid, int n_threads) {
+  using Img = TcImage<D, F>;
+  if constexpr (tc_aff(F)) {
+    constexpr uint32_t C = Img::kChunks;
+    for (uint32_t i = tid; i < nt * C; i += n_threads) {
+      const uint32_t r = i / C, c = i % C;
+      sts128(img + Img::v_at(r, c), image_codes(img + Img::kVraw + r * Img::kVPitch, 8 * c, tc_bits(F)));
+    }
+  }
+}
+
+// Two floats as a packed pair of 16-bit values (round to nearest even,
+// one conversion instruction), and back.
+template <int F>
+__device__ __forceinline__ uint32_t pack16(float a, float b) {
+  if constexpr (F == kTcF16) {
+    const __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+template <int F>
+__device__ __forceinline__ float2 unpack16(uint32_t v) {
+  if constexpr (F == kTcF16) return __half22float2(*reinterpret_cast<const __half2*>(&v));
+  else return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+}
+// A pair (a, b)'s three parts (above), as the lane's two A rows take them:
+// row g the high part (lanes of rows 0-3) or the middle one (rows 4-7),
+// row g + 8 the low part (lanes of rows 8-11) or zero (rows 12-15).
+template <int F>
+__device__ __forceinline__ void split3(float a, float b, bool upper, uint32_t& row_g,
+                                       uint32_t& row_g8) {
+  const uint32_t hi = pack16<F>(a, b);
+  const float2 h = unpack16<F>(hi);
+  const float ra = __fsub_rn(a, h.x), rb = __fsub_rn(b, h.y);
+  const uint32_t mid = pack16<F>(ra, rb);
+  const float2 m = unpack16<F>(mid);
+  const uint32_t lo = pack16<F>(__fsub_rn(ra, m.x), __fsub_rn(rb, m.y));
+  row_g = upper ? mid : hi;
+  row_g8 = upper ? 0u : lo;
+}
+// A fragment from x values at k pairs (2c, 2c + 1) -> x0, and (2c + 8, 2c + 9) -> x1.
+template <int F>
+__device__ __forceinline__ void a_frag(const float (&x0)[2], const float (&x1)[2], bool upper,
+                                       uint32_t (&a)[4]) {
+  split3<F>(x0[0], x0[1], upper, a[0], a[1]);
+  split3<F>(x1[0], x1[1], upper, a[2], a[3]);
+}
+
+template <int F>
+__device__ __forceinline__ void tc_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                       uint32_t b1) {
+  if constexpr (F == kTcF16) mma_f16(d, a, b0, b1);
+  else mma_bf16(d, a, b0, b1);
+}
+
+// (hi + mid) + lo of an accumulator pair: x = row g (hi in lower lanes, mid
+// in upper), y = row g + 8 (lo in lower lanes); every lane gets its head's.
+__device__ __forceinline__ float tc_combine(float x, float y, bool upper) {
+  const float xo = __shfl_xor_sync(0xffffffffu, x, 16), yo = __shfl_xor_sync(0xffffffffu, y, 16);
+  const float hi = upper ? xo : x, mid = upper ? x : xo, lo = upper ? yo : y;
+  return __fadd_rn(__fadd_rn(hi, mid), lo);
+}
+
+// What a lane keeps of its query (head g % 4 of the warp's heads): the score
+// factor 2^e (f16 K) and, for affine K, the group sum of the group holding
+// each pair of k steps p (dims 32 p .. 32 p + 31).
+template <int D>
+struct TcQuery {
+  float pow2;
+  float qsum[D / 32];
+};
+
+// Writes the warp's A fragments of q to qf[k step][lane] (when `write`) and
+// fills tq. Heads past gh are zeros. Lane (g, c) holds, for k step 2p + s,
+// dims 32 p + 8 c + 4 s + {0, 1} at k (2c, 2c + 1) and + {2, 3} at (2c + 8,
+// 2c + 9): the K fragments read the same dims.
+template <int D, int F>
+__device__ __forceinline__ void tc_query(uint4* qf, bool write, const AttentionJob& job,
+                                         uint32_t h0, int gh, int lane,
+                                         TcQuery<D>& tq) {
+  const int g = lane >> 2, c = lane & 3;
+  const bool upper = g >= 4, valid = (g & 3) < gh;
+  const float* q = job.q + size_t{h0 + (g & 3)} * D;
+  float x[D / 4];  // this lane's dims: pair p, run element i at x[8 p + i]
+#pragma unroll
+  for (int p = 0; p < D / 32; ++p)
+#pragma unroll
+    for (int i = 0; i < 8; i += 4) {
+      const float4 v = valid ? *reinterpret_cast<const float4*>(q + 32 * p + 8 * c + i)
+                             : make_float4(0.f, 0.f, 0.f, 0.f);
+      x[8 * p + i] = v.x;
+      x[8 * p + i + 1] = v.y;
+      x[8 * p + i + 2] = v.z;
+      x[8 * p + i + 3] = v.w;
+    }
+  tq.pow2 = 1.0f;
+  if constexpr (F == kTcF16) {
+    float mx = 0.0f;
+#pragma unroll
+    for (int i = 0; i < D / 4; ++i) mx = fmaxf(mx, fabsf(x[i]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    int e = 0;
+    if (mx > 0.0f && mx <= 3.4e38f) e = min(max(ilogbf(mx) - 13, -100), 100);
+    const float down = ldexpf(1.0f, -e);
+    tq.pow2 = ldexpf(1.0f, e);
+#pragma unroll
+    for (int i = 0; i < D / 4; ++i) x[i] = __fmul_rn(x[i], down);
+  }
+  if constexpr (tc_aff(F)) {
+    constexpr int ppg = tc_group(F) / 32;  // pairs of k steps per group
+    float s = 0.0f;
+#pragma unroll
+    for (int p = 0; p < D / 32; ++p) {
+      if ((p & (ppg - 1)) == 0) s = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s = __fadd_rn(s, x[8 * p + i]);
+      tq.qsum[p] = s;  // the group's sum so far; complete at its last pair
+    }
+    // Every pair takes its group's complete sum (then the butterflies).
+#pragma unroll
+    for (int p = D / 32 - 1; p >= 0; --p)
+      if (((p + 1) & (ppg - 1)) != 0 && p + 1 < D / 32) tq.qsum[p] = tq.qsum[p + 1];
+#pragma unroll
+    for (int p = 0; p < D / 32; ++p) {
+      float v = tq.qsum[p];
+      v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
+      tq.qsum[p] = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
+    }
+  }
+  if (!write) return;
+#pragma unroll
+  for (int p = 0; p < D / 32; ++p)
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const float* v = x + 8 * p + 4 * s;
+      uint32_t a[4];
+      a_frag<tc_elem(F)>({v[0], v[1]}, {v[2], v[3]}, upper, a);
+      qf[(2 * p + s) * 32 + lane] = make_uint4(a[0], a[1], a[2], a[3]);
+    }
+}
+
+// A warp's running state: m and l of the lane's head, the P V accumulators
+// (n tile j: rows g / g + 8, dims 8 j + 2c + {0, 1}), affine V's bias sums.
+template <int D, int F>
+struct TcState {
+  float m, l;
+  float o[D / 8][4];
+  float vb[tc_aff(F) ? D / tc_group(F) : 1];
+  __device__ __forceinline__ void init() {
+    m = -INFINITY;
+    l = 0.0f;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[j][i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < (tc_aff(F) ? D / tc_group(F) : 1); ++i) vb[i] = 0.0f;
+  }
+};
+// A closed state: lanes of rows 0-3 (g < 4) hold head g's m, l and dims
+// 8 j + 2c + e at o[2 j + e].
+template <int D>
+struct TcOut {
+  float m, l;
+  float o[D / 4];
+};
+
+// Scale or bias (plane) of group gr of key r in the image, as a float.
+template <int D, int F>
+__device__ __forceinline__ float sb_value(uint32_t img, int plane, uint32_t r, uint32_t gr) {
+  return h2f(static_cast<uint16_t>(lds16(img + TcImage<D, F>::sb_at(plane, r, gr))));
+}
+
+// One tile of nt keys from the image into the warp's state.
+template <int D, int F>
+__device__ __forceinline__ void tc_tile(uint32_t img, const uint4* qf, const TcQuery<D>& tq, int nt,
+                                        float scale, int lane, TcState<D, F>& st) {
+  using Img = TcImage<D, F>;
+  constexpr int AF = tc_elem(F);  // the A/B element type
+  const int g = lane >> 2, c = lane & 3;
+  const bool upper = g >= 4;
+  float sc[4][2];  // scores of keys 8 j + 2c + e
+  {
+    float acc[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+    float part[4][2];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) part[j][0] = part[j][1] = 0.0f;
+    constexpr int ppg = tc_aff(F) ? tc_group(F) / 32 : D / 32;  // pairs of k steps per group
+#pragma unroll
+    for (int p = 0; p < D / 32; ++p) {
+      const uint4 qa = qf[(2 * p) * 32 + lane], qb = qf[(2 * p + 1) * 32 + lane];
+      const uint32_t a0[4] = {qa.x, qa.y, qa.z, qa.w}, a1[4] = {qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint4 b =
+            tc_aff(F)
+                ? image_codes(img + Img::kK + (8 * j + g) * Img::kKPitch, 32 * p + 8 * c, tc_bits(F))
+                : lds128(img + Img::k_at(8 * j + g, 4 * p + c));
+        tc_mma<AF>(acc[j], a0, b.x, b.y);
+        tc_mma<AF>(acc[j], a1, b.z, b.w);
+      }
+      if ((p + 1) % ppg != 0) continue;  // the group (affine) or the row goes on
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float v = tc_combine(acc[j][e], acc[j][2 + e], upper);
+          if constexpr (tc_aff(F)) {
+            const uint32_t key = 8 * j + 2 * c + e, gr = p / ppg;
+            const float term = __fmaf_rn(sb_value<D, F>(img, 0, key, gr), v,
+                                         __fmul_rn(sb_value<D, F>(img, 1, key, gr), tq.qsum[p]));
+            part[j][e] = __fadd_rn(part[j][e], term);
+          } else {
+            part[j][e] = F == kTcF16 ? __fmul_rn(v, tq.pow2) : v;
+          }
+          acc[j][e] = acc[j][2 + e] = 0.0f;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) sc[j][e] = part[j][e];
+  }
+  // Online softmax over the tile.
+  float mt = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const bool valid = 8 * j + 2 * c + e < nt;
+      sc[j][e] = valid ? __fmul_rn(sc[j][e], scale) : -INFINITY;
+      mt = fmaxf(mt, sc[j][e]);
+    }
+  mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+  mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+  const float m_new = fmaxf(st.m, mt);  // finite: the tile has a key
+  const float corr = expf(st.m - m_new);
+  float p[4][2], sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      p[j][e] = 8 * j + 2 * c + e < nt ? expf(sc[j][e] - m_new) : 0.0f;
+      sum = __fadd_rn(sum, p[j][e]);
+    }
+  sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 1));
+  sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 2));
+  // (A virtual warp's first tile, uniform over the warp: nothing to rescale,
+  // the accumulators are +0 and would stay so.)
+  const bool first = st.m == -INFINITY;
+  st.l = __fadd_rn(__fmul_rn(st.l, corr), sum);
+  st.m = m_new;
+  if (!first) {
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) st.o[j][i] = __fmul_rn(st.o[j][i], corr);
+  }
+  // P V, k steps of 16 keys (n tiles 2 ks and 2 ks + 1 of the scores).
+  const int mat = lane >> 3, mrow = lane & 7;
+  constexpr int vpg = tc_aff(F) ? tc_group(F) / 16 : D / 16;  // n-tile pairs per V group
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    uint32_t a[4];
+    const uint32_t key = 16 * ks + ((mat & 1) << 3) + mrow;
+#pragma unroll
+    for (int jp = 0; jp < D / 16; ++jp) {
+      if constexpr (tc_aff(F)) {
+        if (jp % vpg == 0) {  // a V group starts: A = p * its scales
+          const uint32_t gr = jp / vpg;
+          float x0[2], x1[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            x0[e] = __fmul_rn(p[2 * ks][e], sb_value<D, F>(img, 2, 16 * ks + 2 * c + e, gr));
+            x1[e] = __fmul_rn(p[2 * ks + 1][e], sb_value<D, F>(img, 2, 16 * ks + 8 + 2 * c + e, gr));
+          }
+          a_frag<AF>(x0, x1, upper, a);
+        }
+      } else if (jp == 0) {
+        float x0[2], x1[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          x0[e] = F == kTcF16 ? __fmul_rn(p[2 * ks][e], 16384.0f) : p[2 * ks][e];
+          x1[e] = F == kTcF16 ? __fmul_rn(p[2 * ks + 1][e], 16384.0f) : p[2 * ks + 1][e];
+        }
+        a_frag<AF>(x0, x1, upper, a);
+      }
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4_trans(img + Img::v_at(key, 2 * jp + (mat >> 1)), b0, b1, b2, b3);
+      tc_mma<AF>(st.o[2 * jp], a, b0, b1);
+      tc_mma<AF>(st.o[2 * jp + 1], a, b2, b3);
+    }
+  }
+  if constexpr (tc_aff(F)) {
+    // vb[group] = vb * corr + sum over the tile's keys (the lane's in key
+    // order, then the row's 4 lanes) of p * bias.
+#pragma unroll
+    for (int gr = 0; gr < D / tc_group(F); ++gr) {
+      float s = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          s = __fmaf_rn(p[j][e], sb_value<D, F>(img, 3, 8 * j + 2 * c + e, gr), s);
+      s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 1));
+      s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 2));
+      st.vb[gr] = __fadd_rn(__fmul_rn(st.vb[gr], corr), s);
+    }
+  }
+}
+
+// Closes a virtual warp's state (lanes of rows 0-3 get its outputs).
+template <int D, int F>
+__device__ __forceinline__ void tc_finish(const TcState<D, F>& st, TcOut<D>& out) {
+  out.m = st.m;
+  out.l = st.l;
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float x = st.o[j][e];
+      const float mid = __shfl_xor_sync(0xffffffffu, x, 16);
+      float v = __fadd_rn(__fadd_rn(x, mid), st.o[j][2 + e]);
+      if constexpr (F == kTcF16) v = __fmul_rn(v, 1.0f / 16384.0f);
+      if constexpr (tc_aff(F)) {
+        v = __fadd_rn(v, st.vb[8 * j / tc_group(F)]);
+      }
+      out.o[2 * j + e] = v;
+    }
+}
+
+// run = run folded with st (fold_weights; both closed states of one head).
+template <int D>
+__device__ __forceinline__ void tc_fold(TcOut<D>& run, const TcOut<D>& st) {
+  float mm, a, b;
+  fold_weights(run.m, st.m, mm, a, b);
+#pragma unroll
+  for (int i = 0; i < D / 4; ++i) run.o[i] = __fadd_rn(__fmul_rn(run.o[i], a), __fmul_rn(st.o[i], b));
+  run.l = __fadd_rn(__fmul_rn(run.l, a), __fmul_rn(st.l, b));
+  run.m = mm;
+}
+
+// Dim of a closed state's o[i] for lane (g, c).
+__device__ __forceinline__ uint32_t tc_dim(int i, int c) {
+  return 8 * (i / 2) + 2 * c + (i % 2);
+}
+
+// Stages the tile of keys from t0 and waits until it is ready for tc_tile
+// (threads tid .. of n_threads; kBlock: the whole block stages, else one warp).
+template <int D, int F, bool kBlock>
+__device__ __forceinline__ int tc_load(uint32_t img, const JobView& jv, size_t t0, int tid,
+                                       int n_threads) {
+  const int nt = static_cast<int>(min(size_t{32}, jv.keys.n - t0));
+  tc_stage<D, F>(img, tc_ptr(img), jv, t0, tid, n_threads);
+  cp_async_wait_all();
+  if constexpr (kBlock) __syncthreads();
+  else __syncwarp();
+  if constexpr (tc_aff(F)) {
+    tc_convert_v<D, F>(img, nt, tid, n_threads);
+    if constexpr (kBlock) __syncthreads();
+    else __syncwarp();
+  }
+  return nt;
+}
+
+// Per-block tc kernel: a block per (job, kv head, chunk of kTcHeads query
+// heads); its warps run the virtual warps in rounds (as attention_kernel),
+// each staging its tiles into its own image. Dynamic shared memory: q
+// fragments [D / 16][32] uint4, acc [kTcHeads][D], m, l [kTcHeads], then
+// the warps' images.
+template <int D, int F, int kMinBlocks>
+__global__ void __launch_bounds__(kBlockWarps * 32, kMinBlocks)
+    attention_tc_kernel(const AttentionJob* jobs, uint32_t group_heads, float scale) {
+  extern __shared__ __align__(16) float smem[];
+  detail::dependency_wait();
+  uint4* qf = reinterpret_cast<uint4*>(smem);
+  float* acc_s = smem + D * 8;  // after D / 16 * 32 uint4
+  float* m_s = acc_s + kTcHeads * D;
+  float* l_s = m_s + kTcHeads;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint32_t img = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) +
+                       round16((D * 8 + kTcHeads * D + 2 * kTcHeads) * sizeof(float)) +
+                       warp * TcImage<D, F>::kBytes;
+  __shared__ __align__(16) unsigned char job_raw[sizeof(AttentionJob)];
+  const AttentionJob& job = *reinterpret_cast<const AttentionJob*>(job_raw);
+  if (threadIdx.x < sizeof(AttentionJob) / 4)
+    reinterpret_cast<uint32_t*>(job_raw)[threadIdx.x] =
+        reinterpret_cast<const uint32_t*>(jobs + blockIdx.x)[threadIdx.x];
+  __syncthreads();
+  const uint32_t kvh = blockIdx.y;
+  const uint32_t h0 = kvh * group_heads + blockIdx.z * kTcHeads;
+  const int gh = static_cast<int>(min(static_cast<uint32_t>(kTcHeads), group_heads - blockIdx.z * kTcHeads));
+  JobView jv;
+  jv.init(job, kvh);
+  TcQuery<D> tq;
+  tc_query<D, F>(qf, warp == 0, job, h0, gh, lane, tq);
+  for (uint32_t i = threadIdx.x; i < kTcHeads * D; i += kBlockWarps * 32) acc_s[i] = 0.0f;
+  if (threadIdx.x < kTcHeads) {
+    m_s[threadIdx.x] = -INFINITY;
+    l_s[threadIdx.x] = 0.0f;
+  }
+  __syncthreads();
+  const int g = lane >> 2, c = lane & 3;
+  const bool out_lane = g < gh;  // rows 0-3: head g
+  const size_t n_virtual = min(n_tiles(jv.keys), static_cast<size_t>(kVirtual));
+  for (size_t round = 0; round * kBlockWarps < n_virtual; ++round) {
+    const size_t vw = round * kBlockWarps + warp;
+    TcState<D, F> st;
+    st.init();
+    for (size_t t0 = 32 * vw; t0 < jv.keys.n; t0 += size_t{32} * kVirtual) {
+      const int nt = tc_load<D, F, false>(img, jv, t0, lane, 32);
+      tc_tile<D, F>(img, qf, tq, nt, scale, lane, st);
+      __syncwarp();
+    }
+    TcOut<D> out;
+    tc_finish<D, F>(st, out);
+    for (int w = 0; w < kBlockWarps; ++w) {
+      if (warp == w && vw < n_virtual && out_lane) {
+        float* acc = acc_s + g * D;
+        if (vw == 0) {
+          if (c == 0) {
+            m_s[g] = out.m;
+            l_s[g] = out.l;
+          }
+#pragma unroll
+          for (int i = 0; i < D / 4; ++i) acc[tc_dim(i, c)] = out.o[i];
+        } else {
+          float mm, a, b;
+          fold_weights(m_s[g], out.m, mm, a, b);
+#pragma unroll
+          for (int i = 0; i < D / 4; ++i)
+            acc[tc_dim(i, c)] = __fadd_rn(__fmul_rn(acc[tc_dim(i, c)], a), __fmul_rn(out.o[i], b));
+          __syncwarp((1u << (4 * gh)) - 1);  // every row's lanes read m_s before c == 0 rewrites it
+          if (c == 0) {
+            m_s[g] = mm;
+            l_s[g] = __fadd_rn(__fmul_rn(l_s[g], a), __fmul_rn(out.l, b));
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  for (uint32_t i = threadIdx.x; i < gh * D; i += kBlockWarps * 32) {
+    const uint32_t h = i / D;
+    const float inv = l_s[h] > 0.0f ? __fdiv_rn(1.0f, l_s[h]) : 0.0f;  // no keys: zeros
+    store_out(job, size_t{h0 + h} * D + i % D, __fmul_rn(acc_s[i], inv));
+  }
+}
+
+// Per-warp tc kernel: a warp per job (prefill), the virtual warps one after
+// another, each tile staged into the warp's own image.
+template <int D, int F>
+__global__ void __launch_bounds__(kTcWarps * 32, 2)
+    attention_tc_warp_kernel(const AttentionJob* jobs, size_t n_jobs, uint32_t group_heads,
+                             float scale) {
+  extern __shared__ __align__(16) float smem[];
+  detail::dependency_wait();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const size_t jid = size_t{blockIdx.x} * kTcWarps + warp;
+  if (jid >= n_jobs) return;  // no block-wide barrier below
+  uint4* qf = reinterpret_cast<uint4*>(smem) + warp * (D / 16) * 32;
+  const uint32_t img = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) +
+                       kTcWarps * D * 32 + warp * TcImage<D, F>::kBytes;
+  const AttentionJob& job = jobs[jid];
+  const uint32_t kvh = blockIdx.y;
+  const uint32_t h0 = kvh * group_heads + blockIdx.z * kTcHeads;
+  const int gh = static_cast<int>(min(static_cast<uint32_t>(kTcHeads), group_heads - blockIdx.z * kTcHeads));
+  JobView jv;
+  jv.init(job, kvh);
+  TcQuery<D> tq;
+  tc_query<D, F>(qf, true, job, h0, gh, lane, tq);
+  __syncwarp();
+  TcOut<D> run;
+  TcState<D, F> st;
+  const size_t n_virtual = min(n_tiles(jv.keys), static_cast<size_t>(kVirtual));
+  for (size_t w = 0; w < n_virtual; ++w) {
+    st.init();
+    for (size_t t0 = 32 * w; t0 < jv.keys.n; t0 += size_t{32} * kVirtual) {
+      const int nt = tc_load<D, F, false>(img, jv, t0, lane, 32);
+      tc_tile<D, F>(img, qf, tq, nt, scale, lane, st);
+      __syncwarp();
+    }
+    if (w == 0) {
+      tc_finish<D, F>(st, run);
+      continue;
+    }
+    TcOut<D> out;
+    tc_finish<D, F>(st, out);
+    tc_fold<D>(run, out);
+  }
+  const int g = lane >> 2, c = lane & 3;
+  if (g >= gh) return;
+  if (n_virtual == 0) run.l = 0.0f;
+  const float inv = n_virtual > 0 && run.l > 0.0f ? __fdiv_rn(1.0f, run.l) : 0.0f;
+  const size_t o = size_t{h0 + g} * D;
+#pragma unroll
+  for (int i = 0; i < D / 4; ++i)
+    store_out(job, o + tc_dim(i, c), n_virtual > 0 ? __fmul_rn(run.o[i], inv) : 0.0f);
+}
+
+// Split tc kernel: block (job, kv head, chunk of kSplitHeads heads *
+// kVirtual + w), a warp per kTcHeads heads of the chunk, one image staged
+// by the whole block; states to the workspace for attention_merge_kernel.
+template <int D, int F>
+__global__ void __launch_bounds__(kSplitHeads / kTcHeads * 32)
+    attention_tc_split_kernel(const AttentionJob* jobs, uint32_t group_heads, float scale,
+                              float* ws) {
+  extern __shared__ __align__(16) float smem[];
+  detail::dependency_wait();
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const uint32_t w = blockIdx.z % kVirtual, kvh = blockIdx.y;
+  const uint32_t hg0 = blockIdx.z / kVirtual * kSplitHeads + warp * kTcHeads;  // first head in the group
+  const int gh = hg0 < group_heads ? static_cast<int>(min(static_cast<uint32_t>(kTcHeads), group_heads - hg0)) : 0;
+  const uint32_t h0 = kvh * group_heads + hg0;
+  uint4* qf = reinterpret_cast<uint4*>(smem) + warp * (D / 16) * 32;
+  const uint32_t img = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) +
+                       blockDim.x / 32 * D * 32;
+  const AttentionJob& job = jobs[blockIdx.x];
+  JobView jv;
+  jv.init(job, kvh);
+  if (32 * size_t{w} >= jv.keys.n) return;  // no tiles: not folded (uniform over the block)
+  TcQuery<D> tq;
+  TcState<D, F> st;
+  st.init();
+  const int tid = static_cast<int>(threadIdx.x), n_threads = static_cast<int>(blockDim.x);
+  for (size_t t0 = size_t{32} * w; t0 < jv.keys.n; t0 += size_t{32} * kVirtual) {
+    if (t0 == size_t{32} * w) {
+      // The first tile's copies go out before the query's loads.
+      const int nt = static_cast<int>(min(size_t{32}, jv.keys.n - t0));
+      tc_stage<D, F>(img, tc_ptr(img), jv, t0, tid, n_threads);
+      if (gh > 0) tc_query<D, F>(qf, true, job, h0, gh, lane, tq);
+      cp_async_wait_all();
+      __syncthreads();
+      if constexpr (tc_aff(F)) {
+        tc_convert_v<D, F>(img, nt, tid, n_threads);
+        __syncthreads();
+      }
+      if (gh > 0) tc_tile<D, F>(img, qf, tq, nt, scale, lane, st);
+    } else {
+      const int nt = tc_load<D, F, true>(img, jv, t0, tid, n_threads);
+      if (gh > 0) tc_tile<D, F>(img, qf, tq, nt, scale, lane, st);
+    }
+    __syncthreads();  // the image is read before the next tile's copies
+  }
+  if (gh == 0) return;
+  TcOut<D> out;
+  tc_finish<D, F>(st, out);
+  const int g = lane >> 2, c = lane & 3;
+  if (g >= gh) return;
+  float* o = split_state(ws, blockIdx.x, h0 + g, gridDim.y * group_heads, w, D);
+  if (c == 0) {
+    o[0] = out.m;
+    o[1] = out.l;
+  }
+#pragma unroll
+  for (int i = 0; i < D / 4; ++i) o[2 + tc_dim(i, c)] = out.o[i];
+}
+
+template <int D, int F>
+void launch_tc(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& s,
+               uint32_t group_heads, AttentionVariant variant, float* ws, cudaStream_t stream) {
+  const unsigned kvh = static_cast<unsigned>(s.n_kv_heads);
+  const unsigned chunks = static_cast<unsigned>((group_heads + kTcHeads - 1) / kTcHeads);
+  constexpr uint32_t kImg = TcImage<D, F>::kBytes;
+  if (variant == AttentionVariant::Split) {
+    const uint32_t warps = (min(group_heads, static_cast<uint32_t>(kSplitHeads)) + kTcHeads - 1) / kTcHeads;
+    const uint32_t split_chunks = (group_heads + kSplitHeads - 1) / kSplitHeads;
+    const dim3 grid(static_cast<unsigned>(n_jobs), kvh, split_chunks * kVirtual);
+    const size_t smem = warps * D * 32 + kImg;
+    raise_smem_limit<attention_tc_split_kernel<D, F>>(smem);
+    detail::launch("attention_tc_split_kernel", attention_tc_split_kernel<D, F>, grid, warps * 32,
+                   smem, stream, jobs, group_heads, s.scale, ws);
+    const dim3 mgrid(static_cast<unsigned>(n_jobs), static_cast<unsigned>(s.n_heads));
+    detail::launch("attention_merge_kernel", attention_merge_kernel, mgrid,
+                   std::max<uint32_t>(kVirtual, (D + 31) / 32 * 32), 0, stream, jobs,
+                   static_cast<uint32_t>(D), static_cast<const float*>(ws));
+    return;
+  }
+  if (variant == AttentionVariant::PerWarp) {
+    const dim3 grid(static_cast<unsigned>((n_jobs + kTcWarps - 1) / kTcWarps), kvh, chunks);
+    const size_t smem = kTcWarps * (D * 32 + kImg);
+    raise_smem_limit<attention_tc_warp_kernel<D, F>>(smem);
+    detail::launch("attention_tc_warp_kernel", attention_tc_warp_kernel<D, F>, grid, kTcWarps * 32,
+                   smem, stream, jobs, n_jobs, group_heads, s.scale);
+    return;
+  }
+  const dim3 grid(static_cast<unsigned>(n_jobs), kvh, chunks);
+  const size_t smem = (D * 8 + kTcHeads * D + 2 * kTcHeads) * sizeof(float);
+  const size_t total = (smem + 15) / 16 * 16 + size_t{kBlockWarps} * kImg;
+  auto go = [&](auto kernel) {
+    detail::launch("attention_tc_kernel", kernel, grid, kBlockWarps * 32, total, stream, jobs,
+                   group_heads, s.scale);
+  };
+  // Three blocks per SM where their shared memory fits (228 KB, 1 KB each
+  // reserved): dense and 4-bit images.
+  if (n_jobs >= kDenseJobs && 3 * (total + 1024) <= 233472) {
+    raise_smem_limit<attention_tc_kernel<D, F, 3>>(total);
+    go(attention_tc_kernel<D, F, 3>);
+  } else {
+    raise_smem_limit<attention_tc_kernel<D, F, 2>>(total);
+    go(attention_tc_kernel<D, F, 2>);
+  }
+}
+
+// The tc family of a call's formats (kTcNone: the scalar kernels).
+int tc_family(const AttentionFormats& f, size_t D) {
+  static const bool off = [] {
+    const char* e = std::getenv("FERRY_CUDA_ATTN_TC");
+    return e && std::string(e) == "0";
+  }();
+  if (off || (D != 64 && D != 128) || f.k.kind != f.v.kind) return kTcNone;
+  switch (f.k.kind) {
+    case Kind::F16:
+      return kTcF16;
+    case Kind::BF16:
+      return kTcBF16;
+    case Kind::Affine:
+      if (f.k.bits != f.v.bits || f.k.group != f.v.group || (f.k.group != 32 && f.k.group != 64) ||
+          (f.k.bits != 4 && f.k.bits != 8))
+        return kTcNone;
+      return tc_affine(f.k.bits, f.k.group);
+    default:
+      return kTcNone;
+  }
+}
+
+template <int D>
+void launch_tc_fam(int fam, const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& s,
+                   uint32_t group_heads, AttentionVariant variant, float* ws, cudaStream_t stream) {
+  auto go = [&](auto f) {
+    launch_tc<D, decltype(f)::value>(jobs, n_jobs, s, group_heads, variant, ws, stream);
+  };
+  switch (fam) {
+    case kTcF16: return go(std::integral_constant<int, kTcF16>{});
+    case kTcBF16: return go(std::integral_constant<int, kTcBF16>{});
+    case tc_affine(4, 32): return go(std::integral_constant<int, tc_affine(4, 32)>{});
+    case tc_affine(4, 64): return go(std::integral_constant<int, tc_affine(4, 64)>{});
+    case tc_affine(8, 32): return go(std::integral_constant<int, tc_affine(8, 32)>{});
+    default: return go(std::integral_constant<int, tc_affine(8, 64)>{});
+  }
+}
+
 template <int kE, bool kAffine>
 void launch_split(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& s,
                   uint32_t group_heads, float* ws, cudaStream_t stream) {
@@ -851,7 +1707,7 @@ size_t attention_workspace_floats(size_t n_jobs, const kernels::AttentionShape& 
 }
 
 void attention_variant(const AttentionJob* jobs, size_t n_jobs,
-                       const kernels::AttentionShape& shape, bool affine,
+                       const kernels::AttentionShape& shape, const AttentionFormats& formats,
                        AttentionVariant variant, float* workspace, cudaStream_t stream) {
   if (n_jobs == 0) return;
   const size_t D = shape.head_dim;
@@ -870,13 +1726,18 @@ void attention_variant(const AttentionJob* jobs, size_t n_jobs,
               "the split variant needs a workspace");
   FERRY_CHECK((group_heads + kSplitHeads - 1) / kSplitHeads * size_t{kVirtual} <= 65535,
               "attention", "too many heads per group: ", group_heads);
+  if (const int fam = tc_family(formats, D); fam != kTcNone) {
+    if (D == 64) return launch_tc_fam<64>(fam, jobs, n_jobs, shape, group_heads, variant, workspace, stream);
+    return launch_tc_fam<128>(fam, jobs, n_jobs, shape, group_heads, variant, workspace, stream);
+  }
+  const bool affine = formats.k.kind == Kind::Affine || formats.v.kind == Kind::Affine;
   if (affine) return launch_d<true>(jobs, n_jobs, shape, group_heads, variant, workspace, stream);
   launch_d<false>(jobs, n_jobs, shape, group_heads, variant, workspace, stream);
 }
 
 void attention(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& shape,
-               bool affine, float* workspace, cudaStream_t stream) {
-  attention_variant(jobs, n_jobs, shape, affine, AttentionVariant::Auto, workspace, stream);
+               const AttentionFormats& formats, float* workspace, cudaStream_t stream) {
+  attention_variant(jobs, n_jobs, shape, formats, AttentionVariant::Auto, workspace, stream);
 }
 
 }  // namespace ferry::cuda

@@ -535,9 +535,9 @@ class CudaBackend final : public model::Backend {
     mark("attention");
     if (ob) bf16_copy_ = {out, places.size() * q_dim, ob};
     // (Every job of a layer has the layer's formats.)
-    const bool affine = !jobs_.empty() && (jobs_[0].k.format.kind == kernels::KvFormat::Kind::Affine ||
-                                           jobs_[0].v.format.kind == kernels::KvFormat::Kind::Affine);
-    cuda::attention(d, places.size(), shape, affine, w, stream_);
+    cuda::AttentionFormats formats;
+    if (!jobs_.empty()) formats = {jobs_[0].k.format, jobs_[0].v.format};
+    cuda::attention(d, places.size(), shape, formats, w, stream_);
   }
 
   // Greedy and top-k rows reduce on the device (select_logits) and copy

@@ -39,7 +39,7 @@ void expand_jobs(const AttentionJob* base, size_t n, const PlaneShift* shifts, s
 enum class AttentionVariant { Auto, PerBlock, PerWarp, Split };
 inline constexpr size_t kFewJobs = 32, kManyJobs = 512;
 void attention_variant(const AttentionJob* jobs, size_t n_jobs,
-                       const kernels::AttentionShape& shape, bool affine,
+                       const kernels::AttentionShape& shape, const AttentionFormats& formats,
                        AttentionVariant variant, float* workspace, cudaStream_t stream);
 
 }  // namespace ferry::cuda

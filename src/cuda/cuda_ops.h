@@ -175,9 +175,12 @@ struct AttentionJob {
 // affine (all jobs of a call share their formats): it selects the kernels
 // compiled with the factored affine decode (attention.cu); dense calls use
 // kernels without it.
+struct AttentionFormats {
+  kernels::KvFormat k, v;
+};
 size_t attention_workspace_floats(size_t n_jobs, const kernels::AttentionShape& shape);
 void attention(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& shape,
-               bool affine, float* workspace, cudaStream_t stream);
+               const AttentionFormats& formats, float* workspace, cudaStream_t stream);
 
 // Per row r of logits [n_rows, vocab], as jobs[r] asks: the top_n (at most
 // model::kMaxTopN) largest logits, value desc then id asc (-0 as +0, NaN

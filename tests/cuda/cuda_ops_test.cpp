@@ -496,8 +496,8 @@ std::vector<float> gpu_attention(const AttnFixture& f, const std::vector<JobSpec
   // Workspace for the split variant, whatever the batch (Auto picks it for
   // fewer than kFewJobs jobs).
   DeviceBuffer<float> ws(specs.size() * cuda::attention_workspace_floats(1, f.shape()));
-  const bool affine = f.c.kf.kind == KvFormat::Kind::Affine || f.c.vf.kind == KvFormat::Kind::Affine;
-  cuda::attention_variant(d_jobs.get(), jobs.size(), f.shape(), affine, variant, ws.get(), nullptr);
+  cuda::attention_variant(d_jobs.get(), jobs.size(), f.shape(), {f.c.kf, f.c.vf}, variant,
+                          ws.get(), nullptr);
   const auto out = d_out.download();
   const auto bf = d_b.download();
   for (size_t i = 0; i < specs.size(); ++i)
@@ -659,7 +659,7 @@ TEST(CudaOps, AttentionSplitWithoutWorkspaceIsRefused) {
   REQUIRE_GPU();
   AttnFixture f(AttnCase{64, 8, 2, KvFormat::f16(), KvFormat::f16()}, 64, 5);
   DeviceBuffer<cuda::AttentionJob> jobs(1);
-  EXPECT_THROW(cuda::attention_variant(jobs.get(), 1, f.shape(), false,
+  EXPECT_THROW(cuda::attention_variant(jobs.get(), 1, f.shape(), {f.c.kf, f.c.vf},
                                        cuda::AttentionVariant::Split, nullptr, nullptr),
                ferry::Error);
 }
