@@ -1243,23 +1243,19 @@ __device__ __forceinline__ void tc_tile(uint32_t img, const uint4* qf, const TcQ
     const uint32_t key = 16 * ks + ((mat & 1) << 3) + mrow;
 #pragma unroll
     for (int jp = 0; jp < D / 16; ++jp) {
-      if constexpr (tc_aff(F)) {
-        if (jp % vpg == 0) {  // a V group starts: A = p * its scales
-          const uint32_t gr = jp / vpg;
-          float x0[2], x1[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            x0[e] = __fmul_rn(p[2 * ks][e], sb_value<D, F>(img, 2, 16 * ks + 2 * c + e, gr));
-            x1[e] = __fmul_rn(p[2 * ks + 1][e], sb_value<D, F>(img, 2, 16 * ks + 8 + 2 * c + e, gr));
-          }
-          a_frag<AF>(x0, x1, upper, a);
-        }
-      } else if (jp == 0) {
+      if (jp % vpg == 0) {  // (affine: a V group starts: A = p * its keys' scales)
         float x0[2], x1[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          x0[e] = F == kTcF16 ? __fmul_rn(p[2 * ks][e], 16384.0f) : p[2 * ks][e];
-          x1[e] = F == kTcF16 ? __fmul_rn(p[2 * ks + 1][e], 16384.0f) : p[2 * ks + 1][e];
+          x0[e] = p[2 * ks][e];
+          x1[e] = p[2 * ks + 1][e];
+          if constexpr (tc_aff(F)) {
+            x0[e] = __fmul_rn(x0[e], sb_value<D, F>(img, 2, 16 * ks + 2 * c + e, jp / vpg));
+            x1[e] = __fmul_rn(x1[e], sb_value<D, F>(img, 2, 16 * ks + 8 + 2 * c + e, jp / vpg));
+          } else if constexpr (F == kTcF16) {
+            x0[e] = __fmul_rn(x0[e], 16384.0f);
+            x1[e] = __fmul_rn(x1[e], 16384.0f);
+          }
         }
         a_frag<AF>(x0, x1, upper, a);
       }

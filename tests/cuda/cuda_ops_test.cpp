@@ -613,7 +613,13 @@ TEST(CudaOps, AttentionVariantsAreBitIdentical) {
        {AttnCase{128, 32, 8, KvFormat::f16(), KvFormat::f16()},
         AttnCase{64, 8, 1, KvFormat::affine(4, 64), KvFormat::affine(8, 32)},
         AttnCase{128, 8, 2, KvFormat::bf16(), KvFormat::affine(4, 32)},
-        AttnCase{64, 32, 2, KvFormat::f32(), KvFormat::bf16()}}) {  // GQA 16: two chunks of 8
+        AttnCase{64, 32, 2, KvFormat::f32(), KvFormat::bf16()},  // GQA 16: two chunks of 8
+        // Tensor-core tiles (attention.cu, "tc"): GQA 8 (two warps' heads),
+        // 1 and 2 (rows of absent heads), each affine family.
+        AttnCase{128, 32, 4, KvFormat::bf16(), KvFormat::bf16()},
+        AttnCase{64, 8, 8, KvFormat::affine(8, 64), KvFormat::affine(8, 64)},
+        AttnCase{128, 16, 8, KvFormat::affine(4, 32), KvFormat::affine(4, 32)},
+        AttnCase{128, 24, 8, KvFormat::affine(8, 32), KvFormat::affine(8, 32)}}) {
     constexpr size_t C = 4400;
     AttnFixture f(ac, C, 77);
     std::mt19937 rng(11);
@@ -651,6 +657,39 @@ TEST(CudaOps, AttentionVariantsAreBitIdentical) {
       ASSERT_EQ(first_bit_diff(a, d.data(), a.size()), -1) << "split, batch=" << batch;
     }
   }
+}
+
+// The tensor-core tiles split q (and p) exactly into three 16-bit parts;
+// f16 K scales each head's q by a power of two into f16's range first.
+// Queries of very large and very small magnitude (and one head of zeros)
+// must still match the CPU's f32 attention, relative to their scores' size.
+TEST(CudaOps, AttentionTensorCoreQueriesOfAnyScale) {
+  REQUIRE_GPU();
+  for (const KvFormat& kf : {KvFormat::f16(), KvFormat::bf16(), KvFormat::affine(4, 64)})
+    for (float qs : {1e5f, 1e-6f}) {
+      const AttnCase ac{128, 8, 2, kf, kf};
+      AttnFixture f(ac, 300, 17);
+      const std::vector<JobSpec> specs = {{{{0, 300}, {0, 0}}, 1}, {{{7, 40}, {0, 0}}, 2}};
+      auto q = queries(f, specs);
+      for (float& x : q) x *= qs;
+      for (size_t i = 0; i < 128; ++i) q[3 * 128 + i] = 0.0f;  // job 0, head 3: zeros
+      const auto got = gpu_attention(f, specs, q);
+      const size_t per = ac.n_heads * ac.D;
+      std::vector<float> want(specs.size() * per);
+      const kernels::KvSide hk = f.K.side(false), hv = f.V.side(false);
+      std::vector<kernels::AttentionTask> tasks(specs.size());
+      for (size_t i = 0; i < specs.size(); ++i)
+        tasks[i] = {q.data() + i * per, want.data() + i * per, &hk, &hv, {specs[i].seg[0], specs[i].seg[1]}};
+      // Scaled by 1/sqrt(128): scores up to ~ qs * 2 * 128 / 11; at 1e5 (q past
+      // f16's largest value, 65504) the
+      // softmax is nearly one-hot and a score's rounding (f32: ~1e-7 of it)
+      // can move weights by about 1e-7 * score; at 1e-6 the weights are
+      // nearly uniform. Outputs are convex combinations of values in [-1, 1].
+      const float tol = qs > 1.0f ? 2e-2f : 3e-5f;
+      kernels::attention({}, f.shape(), tasks);
+      for (size_t i = 0; i < want.size(); ++i)
+        ASSERT_NEAR(got[i], want[i], tol) << "K=" << kf.name() << " q scale " << qs << " i=" << i;
+    }
 }
 
 // The split variant needs its workspace; asking for it without one is
