@@ -1714,15 +1714,20 @@ void attention_variant(const AttentionJob* jobs, size_t n_jobs,
   FERRY_CHECK(n_jobs <= 0x7fffffffu, "attention", n_jobs, " jobs");
   static_assert(sizeof(AttentionJob) % 4 == 0 && sizeof(AttentionJob) / 4 <= kBlockWarps * 32);
   const uint32_t group_heads = static_cast<uint32_t>(shape.n_heads / shape.n_kv_heads);
+  const int fam = tc_family(formats, D);
+  // The tc per-warp kernel overtakes the per-block one from about 256 jobs
+  // (gpu_attention_bench, H200: bf16 256 x 1,024 keys 296 against 321 us,
+  // q8g64 256 x 128 70 against 84); the scalar one from 512.
+  const size_t many = fam != kTcNone ? kManyJobs / 2 : kManyJobs;
   if (variant == AttentionVariant::Auto)
-    variant = n_jobs >= kManyJobs                         ? AttentionVariant::PerWarp
+    variant = n_jobs >= many                              ? AttentionVariant::PerWarp
               : workspace && n_jobs < kFewJobs            ? AttentionVariant::Split
                                                           : AttentionVariant::PerBlock;
   FERRY_CHECK(variant != AttentionVariant::Split || workspace, "attention",
               "the split variant needs a workspace");
   FERRY_CHECK((group_heads + kSplitHeads - 1) / kSplitHeads * size_t{kVirtual} <= 65535,
               "attention", "too many heads per group: ", group_heads);
-  if (const int fam = tc_family(formats, D); fam != kTcNone) {
+  if (fam != kTcNone) {
     if (D == 64) return launch_tc_fam<64>(fam, jobs, n_jobs, shape, group_heads, variant, workspace, stream);
     return launch_tc_fam<128>(fam, jobs, n_jobs, shape, group_heads, variant, workspace, stream);
   }

@@ -32,7 +32,8 @@ void expand_jobs(const AttentionJob* base, size_t n, const PlaneShift* shifts, s
                  AttentionJob* out, cudaStream_t stream);
 
 // attention() with its kernel chosen: one block per job (Auto's choice
-// for kFewJobs to kManyJobs jobs), one warp per job (many), or one block
+// for kFewJobs to kManyJobs jobs; to kManyJobs / 2 for the tensor-core
+// kernels of f16, bf16 and affine K/V), one warp per job (many), or one block
 // per (job, head, virtual warp) and a merge (fewer than kFewJobs, with a
 // workspace of attention_workspace_floats). All give bit-identical
 // outputs; tests compare them.
