@@ -39,6 +39,11 @@
 // Determinism: all of that depends only on the job's own keys and shape,
 // never on the other jobs or the grid, so a query's output is bit-identical
 // alone or in any batch, whichever kernel runs it.
+//
+// Calls whose K and V are both f16, both bf16 or both affine (same bits,
+// group 32 or 64) at head_dim 64 or 128 run a second arithmetic on tensor
+// cores instead, in three kernels of the same shapes ("tensor-core tiles"
+// below); the choice follows the cache's formats, never the batch.
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -799,13 +804,23 @@ __global__ void __launch_bounds__(256)
 // A family of formats, as a template argument: kTcF16, kTcBF16, or affine K
 // and V with the same bits and group (tc_affine).
 constexpr int kTcNone = 0, kTcF16 = 1, kTcBF16 = 2;
-constexpr int tc_affine(int bits, int group) { return bits * 1024 + group; }
-constexpr bool tc_aff(int F) { return F >= 1024; }
-constexpr int tc_bits(int F) { return F / 1024; }
-constexpr int tc_group(int F) { return F % 1024; }
+constexpr int tc_affine(int bits, int group) {
+  return bits * 1024 + group;
+}
+constexpr bool tc_aff(int F) {
+  return F >= 1024;
+}
+constexpr int tc_bits(int F) {
+  return F / 1024;
+}
+constexpr int tc_group(int F) {
+  return F % 1024;
+}
 // The element type of the mma operands: f16 for f16 K/V, else bf16 (affine
 // codes are exact in bf16).
-constexpr int tc_elem(int F) { return F == kTcF16 ? kTcF16 : kTcBF16; }
+constexpr int tc_elem(int F) {
+  return F == kTcF16 ? kTcF16 : kTcBF16;
+}
 constexpr int kTcHeads = 4;
 constexpr int kTcWarps = 4;  // warps of the per-warp tc kernel's blocks
 
@@ -822,18 +837,22 @@ struct TcImage {
   static constexpr uint32_t kRow = 2 * D, kChunks = D / 8, kGroups = D / 32;
   // Affine K codes' pitch: 16 (4-bit) or 32 (8-bit) bytes past the row so
   // the lanes' 4- or 8-byte reads of eight rows hit distinct banks.
-  static constexpr uint32_t kKPitch = kAff ? D * tc_bits(F) / 8 + (tc_bits(F) == 4 ? 16 : 32) : kRow;
+  static constexpr uint32_t kKPitch =
+      kAff ? D * tc_bits(F) / 8 + (tc_bits(F) == 4 ? 16 : 32) : kRow;
   static constexpr uint32_t kVPitch = kAff ? D * tc_bits(F) / 8 : kRow;  // raw affine V codes
-  static constexpr uint32_t kK = 0;                           // dense K / affine K codes
-  static constexpr uint32_t kVraw = kAff ? 32 * kKPitch : 0;  // affine V codes
+  static constexpr uint32_t kK = 0;                                      // dense K / affine K codes
+  static constexpr uint32_t kVraw = kAff ? 32 * kKPitch : 0;             // affine V codes
   static constexpr uint32_t kV = kAff ? kVraw + 32 * kVPitch : 32 * kRow;  // V as 16-bit
   static constexpr uint32_t kSb = kV + 32 * kRow;
   static constexpr uint32_t kSbPlane = 32 * kGroups * 2;
-  static constexpr uint32_t kBytes = kSb + (kAff ? 4 * kSbPlane : 0);  // K scale, K bias, V scale, V bias
+  static constexpr uint32_t kBytes =
+      kSb + (kAff ? 4 * kSbPlane : 0);  // K scale, K bias, V scale, V bias
   __device__ static uint32_t k_at(uint32_t r, uint32_t c) {
     return kK + r * kRow + 16 * (c ^ ((r & 1) << 2));
   }
-  __device__ static uint32_t v_at(uint32_t r, uint32_t c) { return kV + r * kRow + 16 * (c ^ (r & 7)); }
+  __device__ static uint32_t v_at(uint32_t r, uint32_t c) {
+    return kV + r * kRow + 16 * (c ^ (r & 7));
+  }
   __device__ static uint32_t sb_at(int plane, uint32_t r, uint32_t g) {
     return kSb + plane * kSbPlane + 2 * (r * kGroups + g);
   }
@@ -872,7 +891,8 @@ __device__ __forceinline__ void sts16(uint32_t addr, uint32_t v) {
 // The generic pointer of a shared-memory address (stage_plane takes one).
 __device__ __forceinline__ uint8_t* tc_ptr(uint32_t addr) {
   extern __shared__ __align__(16) float smem[];
-  return reinterpret_cast<uint8_t*>(smem) + (addr - static_cast<uint32_t>(__cvta_generic_to_shared(smem)));
+  return reinterpret_cast<uint8_t*>(smem) +
+         (addr - static_cast<uint32_t>(__cvta_generic_to_shared(smem)));
 }
 
 // Eight codes (4-bit: one word; 8-bit: two) as eight exact bf16 values,
@@ -925,7 +945,8 @@ __device__ __forceinline__ void tc_stage(uint32_t img, uint8_t* img_ptr, const J
   const SideView &K = jv.k, &V = jv.v;
   if constexpr (!tc_aff(F)) {
     const bool a16 = ((reinterpret_cast<uintptr_t>(K.p[0]) | K.unit[0] |
-                       reinterpret_cast<uintptr_t>(V.p[0]) | V.unit[0]) & 15) == 0;
+                       reinterpret_cast<uintptr_t>(V.p[0]) | V.unit[0]) &
+                      15) == 0;
     for (uint32_t i = tid; i < 32 * C; i += n_threads) {
       const uint32_t r = i / C, c = i % C;
       if (r >= static_cast<uint32_t>(nt)) {
@@ -974,7 +995,8 @@ __device__ __forceinline__ void tc_convert_v(uint32_t img, int nt, int tid, int 
     constexpr uint32_t C = Img::kChunks;
     for (uint32_t i = tid; i < nt * C; i += n_threads) {
       const uint32_t r = i / C, c = i % C;
-      sts128(img + Img::v_at(r, c), image_codes(img + Img::kVraw + r * Img::kVPitch, 8 * c, tc_bits(F)));
+      sts128(img + Img::v_at(r, c),
+             image_codes(img + Img::kVraw + r * Img::kVPitch, 8 * c, tc_bits(F)));
     }
   }
 }
@@ -993,8 +1015,10 @@ __device__ __forceinline__ uint32_t pack16(float a, float b) {
 }
 template <int F>
 __device__ __forceinline__ float2 unpack16(uint32_t v) {
-  if constexpr (F == kTcF16) return __half22float2(*reinterpret_cast<const __half2*>(&v));
-  else return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+  if constexpr (F == kTcF16)
+    return __half22float2(*reinterpret_cast<const __half2*>(&v));
+  else
+    return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
 }
 // A pair (a, b)'s three parts (above), as the lane's two A rows take them:
 // row g the high part (lanes of rows 0-3) or the middle one (rows 4-7),
@@ -1022,8 +1046,10 @@ __device__ __forceinline__ void a_frag(const float (&x0)[2], const float (&x1)[2
 template <int F>
 __device__ __forceinline__ void tc_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                        uint32_t b1) {
-  if constexpr (F == kTcF16) mma_f16(d, a, b0, b1);
-  else mma_bf16(d, a, b0, b1);
+  if constexpr (F == kTcF16)
+    mma_f16(d, a, b0, b1);
+  else
+    mma_bf16(d, a, b0, b1);
 }
 
 // (hi + mid) + lo of an accumulator pair: x = row g (hi in lower lanes, mid
@@ -1049,8 +1075,7 @@ struct TcQuery {
 // 2c + 9): the K fragments read the same dims.
 template <int D, int F>
 __device__ __forceinline__ void tc_query(uint4* qf, bool write, const AttentionJob& job,
-                                         uint32_t h0, int gh, int lane,
-                                         TcQuery<D>& tq) {
+                                         uint32_t h0, int gh, int lane, TcQuery<D>& tq) {
   const int g = lane >> 2, c = lane & 3;
   const bool upper = g >= 4, valid = (g & 3) < gh;
   const float* q = job.q + size_t{h0 + (g & 3)} * D;
@@ -1170,10 +1195,9 @@ __device__ __forceinline__ void tc_tile(uint32_t img, const uint4* qf, const TcQ
       const uint32_t a0[4] = {qa.x, qa.y, qa.z, qa.w}, a1[4] = {qb.x, qb.y, qb.z, qb.w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const uint4 b =
-            tc_aff(F)
-                ? image_codes(img + Img::kK + (8 * j + g) * Img::kKPitch, 32 * p + 8 * c, tc_bits(F))
-                : lds128(img + Img::k_at(8 * j + g, 4 * p + c));
+        const uint4 b = tc_aff(F) ? image_codes(img + Img::kK + (8 * j + g) * Img::kKPitch,
+                                                32 * p + 8 * c, tc_bits(F))
+                                  : lds128(img + Img::k_at(8 * j + g, 4 * p + c));
         tc_mma<AF>(acc[j], a0, b.x, b.y);
         tc_mma<AF>(acc[j], a1, b.z, b.w);
       }
@@ -1309,7 +1333,8 @@ __device__ __forceinline__ void tc_fold(TcOut<D>& run, const TcOut<D>& st) {
   float mm, a, b;
   fold_weights(run.m, st.m, mm, a, b);
 #pragma unroll
-  for (int i = 0; i < D / 4; ++i) run.o[i] = __fadd_rn(__fmul_rn(run.o[i], a), __fmul_rn(st.o[i], b));
+  for (int i = 0; i < D / 4; ++i)
+    run.o[i] = __fadd_rn(__fmul_rn(run.o[i], a), __fmul_rn(st.o[i], b));
   run.l = __fadd_rn(__fmul_rn(run.l, a), __fmul_rn(st.l, b));
   run.m = mm;
 }
@@ -1327,12 +1352,16 @@ __device__ __forceinline__ int tc_load(uint32_t img, const JobView& jv, size_t t
   const int nt = static_cast<int>(min(size_t{32}, jv.keys.n - t0));
   tc_stage<D, F>(img, tc_ptr(img), jv, t0, tid, n_threads);
   cp_async_wait_all();
-  if constexpr (kBlock) __syncthreads();
-  else __syncwarp();
+  if constexpr (kBlock)
+    __syncthreads();
+  else
+    __syncwarp();
   if constexpr (tc_aff(F)) {
     tc_convert_v<D, F>(img, nt, tid, n_threads);
-    if constexpr (kBlock) __syncthreads();
-    else __syncwarp();
+    if constexpr (kBlock)
+      __syncthreads();
+    else
+      __syncwarp();
   }
   return nt;
 }
@@ -1363,7 +1392,8 @@ __global__ void __launch_bounds__(kBlockWarps * 32, kMinBlocks)
   __syncthreads();
   const uint32_t kvh = blockIdx.y;
   const uint32_t h0 = kvh * group_heads + blockIdx.z * kTcHeads;
-  const int gh = static_cast<int>(min(static_cast<uint32_t>(kTcHeads), group_heads - blockIdx.z * kTcHeads));
+  const int gh =
+      static_cast<int>(min(static_cast<uint32_t>(kTcHeads), group_heads - blockIdx.z * kTcHeads));
   JobView jv;
   jv.init(job, kvh);
   TcQuery<D> tq;
@@ -1433,12 +1463,13 @@ __global__ void __launch_bounds__(kTcWarps * 32, 2)
   const size_t jid = size_t{blockIdx.x} * kTcWarps + warp;
   if (jid >= n_jobs) return;  // no block-wide barrier below
   uint4* qf = reinterpret_cast<uint4*>(smem) + warp * (D / 16) * 32;
-  const uint32_t img = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) +
-                       kTcWarps * D * 32 + warp * TcImage<D, F>::kBytes;
+  const uint32_t img = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + kTcWarps * D * 32 +
+                       warp * TcImage<D, F>::kBytes;
   const AttentionJob& job = jobs[jid];
   const uint32_t kvh = blockIdx.y;
   const uint32_t h0 = kvh * group_heads + blockIdx.z * kTcHeads;
-  const int gh = static_cast<int>(min(static_cast<uint32_t>(kTcHeads), group_heads - blockIdx.z * kTcHeads));
+  const int gh =
+      static_cast<int>(min(static_cast<uint32_t>(kTcHeads), group_heads - blockIdx.z * kTcHeads));
   JobView jv;
   jv.init(job, kvh);
   TcQuery<D> tq;
@@ -1483,12 +1514,15 @@ __global__ void __launch_bounds__(kSplitHeads / kTcHeads * 32)
   detail::dependency_wait();
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const uint32_t w = blockIdx.z % kVirtual, kvh = blockIdx.y;
-  const uint32_t hg0 = blockIdx.z / kVirtual * kSplitHeads + warp * kTcHeads;  // first head in the group
-  const int gh = hg0 < group_heads ? static_cast<int>(min(static_cast<uint32_t>(kTcHeads), group_heads - hg0)) : 0;
+  const uint32_t hg0 =
+      blockIdx.z / kVirtual * kSplitHeads + warp * kTcHeads;  // first head in the group
+  const int gh = hg0 < group_heads
+                     ? static_cast<int>(min(static_cast<uint32_t>(kTcHeads), group_heads - hg0))
+                     : 0;
   const uint32_t h0 = kvh * group_heads + hg0;
   uint4* qf = reinterpret_cast<uint4*>(smem) + warp * (D / 16) * 32;
-  const uint32_t img = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) +
-                       blockDim.x / 32 * D * 32;
+  const uint32_t img =
+      static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + blockDim.x / 32 * D * 32;
   const AttentionJob& job = jobs[blockIdx.x];
   JobView jv;
   jv.init(job, kvh);
@@ -1537,7 +1571,8 @@ void launch_tc(const AttentionJob* jobs, size_t n_jobs, const kernels::Attention
   const unsigned chunks = static_cast<unsigned>((group_heads + kTcHeads - 1) / kTcHeads);
   constexpr uint32_t kImg = TcImage<D, F>::kBytes;
   if (variant == AttentionVariant::Split) {
-    const uint32_t warps = (min(group_heads, static_cast<uint32_t>(kSplitHeads)) + kTcHeads - 1) / kTcHeads;
+    const uint32_t warps =
+        (min(group_heads, static_cast<uint32_t>(kSplitHeads)) + kTcHeads - 1) / kTcHeads;
     const uint32_t split_chunks = (group_heads + kSplitHeads - 1) / kSplitHeads;
     const dim3 grid(static_cast<unsigned>(n_jobs), kvh, split_chunks * kVirtual);
     const size_t smem = warps * D * 32 + kImg;
@@ -1599,18 +1634,25 @@ int tc_family(const AttentionFormats& f, size_t D) {
 }
 
 template <int D>
-void launch_tc_fam(int fam, const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& s,
-                   uint32_t group_heads, AttentionVariant variant, float* ws, cudaStream_t stream) {
+void launch_tc_fam(int fam, const AttentionJob* jobs, size_t n_jobs,
+                   const kernels::AttentionShape& s, uint32_t group_heads, AttentionVariant variant,
+                   float* ws, cudaStream_t stream) {
   auto go = [&](auto f) {
     launch_tc<D, decltype(f)::value>(jobs, n_jobs, s, group_heads, variant, ws, stream);
   };
   switch (fam) {
-    case kTcF16: return go(std::integral_constant<int, kTcF16>{});
-    case kTcBF16: return go(std::integral_constant<int, kTcBF16>{});
-    case tc_affine(4, 32): return go(std::integral_constant<int, tc_affine(4, 32)>{});
-    case tc_affine(4, 64): return go(std::integral_constant<int, tc_affine(4, 64)>{});
-    case tc_affine(8, 32): return go(std::integral_constant<int, tc_affine(8, 32)>{});
-    default: return go(std::integral_constant<int, tc_affine(8, 64)>{});
+    case kTcF16:
+      return go(std::integral_constant<int, kTcF16>{});
+    case kTcBF16:
+      return go(std::integral_constant<int, kTcBF16>{});
+    case tc_affine(4, 32):
+      return go(std::integral_constant<int, tc_affine(4, 32)>{});
+    case tc_affine(4, 64):
+      return go(std::integral_constant<int, tc_affine(4, 64)>{});
+    case tc_affine(8, 32):
+      return go(std::integral_constant<int, tc_affine(8, 32)>{});
+    default:
+      return go(std::integral_constant<int, tc_affine(8, 64)>{});
   }
 }
 
@@ -1720,15 +1762,16 @@ void attention_variant(const AttentionJob* jobs, size_t n_jobs,
   // q8g64 256 x 128 70 against 84); the scalar one from 512.
   const size_t many = fam != kTcNone ? kManyJobs / 2 : kManyJobs;
   if (variant == AttentionVariant::Auto)
-    variant = n_jobs >= many                              ? AttentionVariant::PerWarp
-              : workspace && n_jobs < kFewJobs            ? AttentionVariant::Split
-                                                          : AttentionVariant::PerBlock;
+    variant = n_jobs >= many                   ? AttentionVariant::PerWarp
+              : workspace && n_jobs < kFewJobs ? AttentionVariant::Split
+                                               : AttentionVariant::PerBlock;
   FERRY_CHECK(variant != AttentionVariant::Split || workspace, "attention",
               "the split variant needs a workspace");
   FERRY_CHECK((group_heads + kSplitHeads - 1) / kSplitHeads * size_t{kVirtual} <= 65535,
               "attention", "too many heads per group: ", group_heads);
   if (fam != kTcNone) {
-    if (D == 64) return launch_tc_fam<64>(fam, jobs, n_jobs, shape, group_heads, variant, workspace, stream);
+    if (D == 64)
+      return launch_tc_fam<64>(fam, jobs, n_jobs, shape, group_heads, variant, workspace, stream);
     return launch_tc_fam<128>(fam, jobs, n_jobs, shape, group_heads, variant, workspace, stream);
   }
   const bool affine = formats.k.kind == Kind::Affine || formats.v.kind == Kind::Affine;

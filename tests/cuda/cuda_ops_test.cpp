@@ -679,7 +679,11 @@ TEST(CudaOps, AttentionTensorCoreQueriesOfAnyScale) {
       const kernels::KvSide hk = f.K.side(false), hv = f.V.side(false);
       std::vector<kernels::AttentionTask> tasks(specs.size());
       for (size_t i = 0; i < specs.size(); ++i)
-        tasks[i] = {q.data() + i * per, want.data() + i * per, &hk, &hv, {specs[i].seg[0], specs[i].seg[1]}};
+        tasks[i] = {q.data() + i * per,
+                    want.data() + i * per,
+                    &hk,
+                    &hv,
+                    {specs[i].seg[0], specs[i].seg[1]}};
       // Scaled by 1/sqrt(128): scores up to ~ qs * 2 * 128 / 11; at 1e5 (q past
       // f16's largest value, 65504) the
       // softmax is nearly one-hot and a score's rounding (f32: ~1e-7 of it)
