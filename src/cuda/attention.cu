@@ -1366,6 +1366,29 @@ __device__ __forceinline__ int tc_load(uint32_t img, const JobView& jv, size_t t
   return nt;
 }
 
+// The kv head (blockIdx.y) of a per-block or per-warp tc block and its
+// chunk blockIdx.z of kTcHeads query heads: the first, h0, and how many.
+struct TcChunk {
+  uint32_t kvh, h0;
+  int gh;
+};
+__device__ __forceinline__ TcChunk tc_chunk(uint32_t group_heads) {
+  const uint32_t first = blockIdx.z * kTcHeads;
+  return {blockIdx.y, blockIdx.y * group_heads + first,
+          static_cast<int>(min(static_cast<uint32_t>(kTcHeads), group_heads - first))};
+}
+// A per-block or per-warp tc block's start: its chunk, the job's view at
+// its kv head, and the query (tc_query; its fragments written when `write`).
+template <int D, int F>
+__device__ __forceinline__ TcChunk tc_begin(const AttentionJob& job, uint32_t group_heads,
+                                            uint4* qf, bool write, int lane, JobView& jv,
+                                            TcQuery<D>& tq) {
+  const TcChunk ch = tc_chunk(group_heads);
+  jv.init(job, ch.kvh);
+  tc_query<D, F>(qf, write, job, ch.h0, ch.gh, lane, tq);
+  return ch;
+}
+
 // Per-block tc kernel: a block per (job, kv head, chunk of kTcHeads query
 // heads); its warps run the virtual warps in rounds (as attention_kernel),
 // each staging its tiles into its own image. Dynamic shared memory: q
@@ -1390,14 +1413,11 @@ __global__ void __launch_bounds__(kBlockWarps * 32, kMinBlocks)
     reinterpret_cast<uint32_t*>(job_raw)[threadIdx.x] =
         reinterpret_cast<const uint32_t*>(jobs + blockIdx.x)[threadIdx.x];
   __syncthreads();
-  const uint32_t kvh = blockIdx.y;
-  const uint32_t h0 = kvh * group_heads + blockIdx.z * kTcHeads;
-  const int gh =
-      static_cast<int>(min(static_cast<uint32_t>(kTcHeads), group_heads - blockIdx.z * kTcHeads));
   JobView jv;
-  jv.init(job, kvh);
   TcQuery<D> tq;
-  tc_query<D, F>(qf, warp == 0, job, h0, gh, lane, tq);
+  const TcChunk ch = tc_begin<D, F>(job, group_heads, qf, warp == 0, lane, jv, tq);
+  const uint32_t h0 = ch.h0;
+  const int gh = ch.gh;
   for (uint32_t i = threadIdx.x; i < kTcHeads * D; i += kBlockWarps * 32) acc_s[i] = 0.0f;
   if (threadIdx.x < kTcHeads) {
     m_s[threadIdx.x] = -INFINITY;
@@ -1466,14 +1486,11 @@ __global__ void __launch_bounds__(kTcWarps * 32, 2)
   const uint32_t img = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + kTcWarps * D * 32 +
                        warp * TcImage<D, F>::kBytes;
   const AttentionJob& job = jobs[jid];
-  const uint32_t kvh = blockIdx.y;
-  const uint32_t h0 = kvh * group_heads + blockIdx.z * kTcHeads;
-  const int gh =
-      static_cast<int>(min(static_cast<uint32_t>(kTcHeads), group_heads - blockIdx.z * kTcHeads));
   JobView jv;
-  jv.init(job, kvh);
   TcQuery<D> tq;
-  tc_query<D, F>(qf, true, job, h0, gh, lane, tq);
+  const TcChunk ch = tc_begin<D, F>(job, group_heads, qf, true, lane, jv, tq);
+  const uint32_t h0 = ch.h0;
+  const int gh = ch.gh;
   __syncwarp();
   TcOut<D> run;
   TcState<D, F> st;
