@@ -684,11 +684,11 @@ TEST(CudaOps, AttentionTensorCoreQueriesOfAnyScale) {
                     &hk,
                     &hv,
                     {specs[i].seg[0], specs[i].seg[1]}};
-      // Scaled by 1/sqrt(128): scores up to ~ qs * 2 * 128 / 11; at 1e5 (q past
-      // f16's largest value, 65504) the
-      // softmax is nearly one-hot and a score's rounding (f32: ~1e-7 of it)
-      // can move weights by about 1e-7 * score; at 1e-6 the weights are
-      // nearly uniform. Outputs are convex combinations of values in [-1, 1].
+      // Scores reach about qs * 2 * 128 / sqrt(128). At 1e5 (q past f16's
+      // largest value, 65504) the softmax is nearly one-hot and a score's
+      // rounding (f32: ~1e-7 of it, ~3e-3 here) moves weights by about that
+      // much; at 1e-6 the weights are nearly uniform. Outputs are convex
+      // combinations of values in [-1, 1].
       const float tol = qs > 1.0f ? 2e-2f : 3e-5f;
       kernels::attention({}, f.shape(), tasks);
       for (size_t i = 0; i < want.size(); ++i)
