@@ -1061,12 +1061,11 @@ __device__ __forceinline__ float tc_combine(float x, float y, bool upper) {
 }
 
 // What a lane keeps of its query (head g % 4 of the warp's heads): the score
-// factor 2^e (f16 K) and, for affine K, the group sum of the group holding
-// each pair of k steps p (dims 32 p .. 32 p + 31).
+// factor 2^e (f16 K) and, for affine K, the head's q summed over each group.
 template <int D>
 struct TcQuery {
   float pow2;
-  float qsum[D / 32];
+  float qsum[D / 32];  // affine K's groups (at most D / 32 of them)
 };
 
 // Writes the warp's A fragments of q to qf[k step][lane] (when `write`) and
@@ -1106,24 +1105,16 @@ __device__ __forceinline__ void tc_query(uint4* qf, bool write, const AttentionJ
     for (int i = 0; i < D / 4; ++i) x[i] = __fmul_rn(x[i], down);
   }
   if constexpr (tc_aff(F)) {
-    constexpr int ppg = tc_group(F) / 32;  // pairs of k steps per group
-    float s = 0.0f;
+    // Group gr's dims are pairs [gr * ppg, (gr + 1) * ppg): the lane's runs
+    // summed in order from 0.0, then the row's 4 lanes by butterflies.
+    constexpr int ppg = tc_group(F) / 32;
 #pragma unroll
-    for (int p = 0; p < D / 32; ++p) {
-      if ((p & (ppg - 1)) == 0) s = 0.0f;
+    for (int gr = 0; gr < D / tc_group(F); ++gr) {
+      float v = 0.0f;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) s = __fadd_rn(s, x[8 * p + i]);
-      tq.qsum[p] = s;  // the group's sum so far; complete at its last pair
-    }
-    // Every pair takes its group's complete sum (then the butterflies).
-#pragma unroll
-    for (int p = D / 32 - 1; p >= 0; --p)
-      if (((p + 1) & (ppg - 1)) != 0 && p + 1 < D / 32) tq.qsum[p] = tq.qsum[p + 1];
-#pragma unroll
-    for (int p = 0; p < D / 32; ++p) {
-      float v = tq.qsum[p];
+      for (int i = 0; i < 8 * ppg; ++i) v = __fadd_rn(v, x[8 * ppg * gr + i]);
       v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
-      tq.qsum[p] = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
+      tq.qsum[gr] = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
     }
   }
   if (!write) return;
@@ -1178,16 +1169,15 @@ __device__ __forceinline__ void tc_tile(uint32_t img, const uint4* qf, const TcQ
   constexpr int AF = tc_elem(F);  // the A/B element type
   const int g = lane >> 2, c = lane & 3;
   const bool upper = g >= 4;
-  float sc[4][2];  // scores of keys 8 j + 2c + e
+  float sc[4][2];  // scores of keys 8 j + 2c + e (affine: summed over K's groups)
+#pragma unroll
+  for (int j = 0; j < 4; ++j) sc[j][0] = sc[j][1] = 0.0f;
   {
     float acc[4][4];
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
-    float part[4][2];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) part[j][0] = part[j][1] = 0.0f;
     constexpr int ppg = tc_aff(F) ? tc_group(F) / 32 : D / 32;  // pairs of k steps per group
 #pragma unroll
     for (int p = 0; p < D / 32; ++p) {
@@ -1210,18 +1200,14 @@ __device__ __forceinline__ void tc_tile(uint32_t img, const uint4* qf, const TcQ
           if constexpr (tc_aff(F)) {
             const uint32_t key = 8 * j + 2 * c + e, gr = p / ppg;
             const float term = __fmaf_rn(sb_value<D, F>(img, 0, key, gr), v,
-                                         __fmul_rn(sb_value<D, F>(img, 1, key, gr), tq.qsum[p]));
-            part[j][e] = __fadd_rn(part[j][e], term);
+                                         __fmul_rn(sb_value<D, F>(img, 1, key, gr), tq.qsum[gr]));
+            sc[j][e] = __fadd_rn(sc[j][e], term);
           } else {
-            part[j][e] = F == kTcF16 ? __fmul_rn(v, tq.pow2) : v;
+            sc[j][e] = F == kTcF16 ? __fmul_rn(v, tq.pow2) : v;
           }
           acc[j][e] = acc[j][2 + e] = 0.0f;
         }
     }
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) sc[j][e] = part[j][e];
   }
   // Online softmax over the tile.
   float mt = -INFINITY;
@@ -1345,12 +1331,14 @@ __device__ __forceinline__ uint32_t tc_dim(int i, int c) {
 }
 
 // Stages the tile of keys from t0 and waits until it is ready for tc_tile
-// (threads tid .. of n_threads; kBlock: the whole block stages, else one warp).
-template <int D, int F, bool kBlock>
+// (threads tid .. of n_threads; kBlock: the whole block stages, else one
+// warp); `meanwhile` runs while the copies are in flight.
+template <int D, int F, bool kBlock, class Meanwhile>
 __device__ __forceinline__ int tc_load(uint32_t img, const JobView& jv, size_t t0, int tid,
-                                       int n_threads) {
+                                       int n_threads, Meanwhile&& meanwhile) {
   const int nt = static_cast<int>(min(size_t{32}, jv.keys.n - t0));
   tc_stage<D, F>(img, tc_ptr(img), jv, t0, tid, n_threads);
+  meanwhile();
   cp_async_wait_all();
   if constexpr (kBlock)
     __syncthreads();
@@ -1432,7 +1420,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32, kMinBlocks)
     TcState<D, F> st;
     st.init();
     for (size_t t0 = 32 * vw; t0 < jv.keys.n; t0 += size_t{32} * kVirtual) {
-      const int nt = tc_load<D, F, false>(img, jv, t0, lane, 32);
+      const int nt = tc_load<D, F, false>(img, jv, t0, lane, 32, [] {});
       tc_tile<D, F>(img, qf, tq, nt, scale, lane, st);
       __syncwarp();
     }
@@ -1498,7 +1486,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, 2)
   for (size_t w = 0; w < n_virtual; ++w) {
     st.init();
     for (size_t t0 = 32 * w; t0 < jv.keys.n; t0 += size_t{32} * kVirtual) {
-      const int nt = tc_load<D, F, false>(img, jv, t0, lane, 32);
+      const int nt = tc_load<D, F, false>(img, jv, t0, lane, 32, [] {});
       tc_tile<D, F>(img, qf, tq, nt, scale, lane, st);
       __syncwarp();
     }
@@ -1549,22 +1537,11 @@ __global__ void __launch_bounds__(kSplitHeads / kTcHeads * 32)
   st.init();
   const int tid = static_cast<int>(threadIdx.x), n_threads = static_cast<int>(blockDim.x);
   for (size_t t0 = size_t{32} * w; t0 < jv.keys.n; t0 += size_t{32} * kVirtual) {
-    if (t0 == size_t{32} * w) {
-      // The first tile's copies go out before the query's loads.
-      const int nt = static_cast<int>(min(size_t{32}, jv.keys.n - t0));
-      tc_stage<D, F>(img, tc_ptr(img), jv, t0, tid, n_threads);
-      if (gh > 0) tc_query<D, F>(qf, true, job, h0, gh, lane, tq);
-      cp_async_wait_all();
-      __syncthreads();
-      if constexpr (tc_aff(F)) {
-        tc_convert_v<D, F>(img, nt, tid, n_threads);
-        __syncthreads();
-      }
-      if (gh > 0) tc_tile<D, F>(img, qf, tq, nt, scale, lane, st);
-    } else {
-      const int nt = tc_load<D, F, true>(img, jv, t0, tid, n_threads);
-      if (gh > 0) tc_tile<D, F>(img, qf, tq, nt, scale, lane, st);
-    }
+    // The query's loads go out with the first tile's copies.
+    const int nt = tc_load<D, F, true>(img, jv, t0, tid, n_threads, [&] {
+      if (t0 == size_t{32} * w && gh > 0) tc_query<D, F>(qf, true, job, h0, gh, lane, tq);
+    });
+    if (gh > 0) tc_tile<D, F>(img, qf, tq, nt, scale, lane, st);
     __syncthreads();  // the image is read before the next tile's copies
   }
   if (gh == 0) return;
