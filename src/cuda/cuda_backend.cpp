@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <cstdint>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <new>
 #include <utility>
 #include <vector>
@@ -25,36 +28,143 @@ void check_blas(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS) fail("cuda", what, ": cuBLAS status ", static_cast<int>(st));
 }
 
-// cudaMalloc that reports exhaustion as std::bad_alloc (what KV
-// allocators promise) and other failures as ferry::Error.
-void* device_alloc(size_t bytes) {
+// The KV memory pools alive in the process (KvPool), so that an
+// allocation that finds the device full can take back what they hold
+// unused before it reports exhaustion.
+std::mutex g_pools_mutex;
+std::vector<cudaMemPool_t> g_pools;
+
+// Gives every KV pool's unused memory back to the device; false if none
+// held any pool. Waits for the device first (frees still in flight).
+bool trim_kv_pools() {
+  std::lock_guard<std::mutex> lock(g_pools_mutex);
+  if (g_pools.empty()) return false;
+  (void)cudaDeviceSynchronize();
+  for (cudaMemPool_t pool : g_pools) (void)cudaMemPoolTrimTo(pool, 0);
+  return true;
+}
+
+// An allocation (alloc(&p)) that reports exhaustion as std::bad_alloc (what
+// KV allocators promise), after one retry with the KV pools trimmed, and
+// other failures as ferry::Error.
+template <class Alloc>
+void* alloc_or_throw(Alloc&& alloc) {
   void* p = nullptr;
-  const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+  cudaError_t e = alloc(&p);
   if (e == cudaErrorMemoryAllocation) {
-    (void)cudaGetLastError();  // clear the sticky-free error state
-    throw std::bad_alloc();
+    (void)cudaGetLastError();  // clear the error state
+    if (trim_kv_pools()) e = alloc(&p);
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      throw std::bad_alloc();
+    }
   }
   FERRY_CUDA_CHECK(e);
   return p;
 }
 
-struct DeviceBuffer final : kv::KvBuffer {
-  ~DeviceBuffer() override { cudaFree(data); }  // waits for work in flight
+// cudaMalloc, failing as alloc_or_throw says.
+void* device_alloc(size_t bytes) {
+  return alloc_or_throw([&](void** p) { return cudaMalloc(p, std::max<size_t>(bytes, 1)); });
+}
+
+// A memory pool for KV planes, allocated and freed in the stream's order
+// (cudaMallocFromPoolAsync, cudaFreeAsync). A row operation between steps
+// (requests joining or leaving, the planes growing) replaces every layer's
+// planes; with cudaMalloc and cudaFree each new plane was a driver call and
+// each old one a device-wide synchronisation, up to 94 ms between two
+// decode steps at 256 streams (FERRY_CUDA_PROFILE). The pool keeps what is
+// freed for the next planes (release threshold: everything) and gives it
+// back when an allocation anywhere finds the device full (trim_kv_pools).
+struct KvPool {
+  cudaMemPool_t pool = nullptr;
+  cudaStream_t stream = nullptr;  // null once the backend's stream is gone
+  KvPool(int device, cudaStream_t s) : stream(s) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    FERRY_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
+    uint64_t keep = UINT64_MAX;
+    FERRY_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    std::lock_guard<std::mutex> lock(g_pools_mutex);
+    g_pools.push_back(pool);
+  }
+  ~KvPool() {
+    {
+      std::lock_guard<std::mutex> lock(g_pools_mutex);
+      std::erase(g_pools, pool);
+    }
+    cudaMemPoolDestroy(pool);  // (after the last plane: every buffer holds the pool)
+  }
+  KvPool(const KvPool&) = delete;
+  KvPool& operator=(const KvPool&) = delete;
 };
 
-// KV bytes in device memory; every move is a device copy on the backend's
-// stream, ordered with the kernels that read and write the planes.
+struct DeviceBuffer final : kv::KvBuffer {
+  std::shared_ptr<KvPool> pool;
+  // In stream order while the backend's stream lives (after the work that
+  // reads the plane), else at once.
+  ~DeviceBuffer() override {
+    if (pool->stream)
+      cudaFreeAsync(data, pool->stream);
+    else
+      cudaFree(data);
+  }
+};
+
+// KV bytes in device memory (a KvPool); every move is a device copy on the
+// backend's stream, ordered with the kernels that read and write the planes.
 class DeviceKvAllocator final : public kv::KvAllocator {
  public:
-  explicit DeviceKvAllocator(cudaStream_t stream) : stream_(stream) {}
-  ~DeviceKvAllocator() override { cudaFree(temp_); }
+  DeviceKvAllocator(int device, cudaStream_t stream)
+      : stream_(stream), pool_(std::make_shared<KvPool>(device, stream)) {}
+  ~DeviceKvAllocator() override {
+    cudaFree(temp_);
+    cudaFree(descs_dev_);
+  }
 
   std::shared_ptr<kv::KvBuffer> allocate(size_t bytes) override {
-    auto b = std::make_shared<DeviceBuffer>();
-    b->data = static_cast<uint8_t*>(device_alloc(bytes));
-    b->size = bytes;
+    auto b = allocate_raw(bytes);
     FERRY_CUDA_CHECK(cudaMemsetAsync(b->data, 0, bytes, stream_));
     return b;
+  }
+
+  // The backend's stream is about to go: later frees are synchronous.
+  void detach_stream() { pool_->stream = nullptr; }
+
+  // A rebuild's copies in one kernel (kv_copy) instead of a driver call
+  // each (a rebuild of 256 rows of the 8B cache is 16,384 copies).
+  void copy_batch(std::span<const Copy2d> copies) override {
+    if (copies.size() < kBatchFrom) return KvAllocator::copy_batch(copies);
+    launch_copies(copies, [](const Copy2d& c) { return c; });
+  }
+
+  // A filter's moves: every source into a bounce from the pool, then the
+  // bounce into every destination (two kernels); one by one if no bounce
+  // can be had.
+  void copy_moves(std::span<const Copy2d> moves) override {
+    size_t total = 0;
+    for (const Copy2d& c : moves) total += c.width * c.height;
+    if (moves.size() < kBatchFrom) return KvAllocator::copy_moves(moves);
+    std::shared_ptr<kv::KvBuffer> bounce;
+    try {
+      bounce = allocate_raw(total);
+    } catch (const std::bad_alloc&) {
+      return KvAllocator::copy_moves(moves);
+    }
+    size_t at = 0;
+    launch_copies(moves, [&](const Copy2d& c) {
+      Copy2d in{bounce->data + at, c.width, c.src, c.spitch, c.width, c.height};
+      at += c.width * c.height;
+      return in;
+    });
+    at = 0;
+    launch_copies(moves, [&](const Copy2d& c) {
+      Copy2d out{c.dst, c.dpitch, bounce->data + at, c.width, c.width, c.height};
+      at += c.width * c.height;
+      return out;
+    });
   }
 
   void copy_2d(uint8_t* dst, size_t dpitch, const uint8_t* src, size_t spitch, size_t width,
@@ -106,9 +216,57 @@ class DeviceKvAllocator final : public kv::KvAllocator {
     }
     return temp_;
   }
+  static constexpr size_t kBatchFrom = 2;  // a single copy: one driver call
+
+  // Pool memory, not zeroed.
+  std::shared_ptr<kv::KvBuffer> allocate_raw(size_t bytes) {
+    auto b = std::make_shared<DeviceBuffer>();
+    b->data = static_cast<uint8_t*>(alloc_or_throw([&](void** p) {
+      return cudaMallocFromPoolAsync(p, std::max<size_t>(bytes, 1), pool_->pool, stream_);
+    }));
+    b->size = bytes;
+    b->pool = pool_;
+    return b;
+  }
+
+  // One kv_copy launch of copies[i] as `map` gives them.
+  template <class Map>
+  void launch_copies(std::span<const Copy2d> copies, Map&& map) {
+    descs_.clear();
+    uint32_t max_height = 0;
+    for (const Copy2d& c0 : copies) {
+      const Copy2d c = map(c0);
+      if (c.width == 0 || c.height == 0) continue;
+      FERRY_CHECK(c.width <= UINT32_MAX && c.height <= UINT32_MAX, "kv", "copy of ", c.width,
+                  " x ", c.height, " bytes");
+      descs_.push_back({c.dst, c.src, c.dpitch, c.spitch, static_cast<uint32_t>(c.width),
+                        static_cast<uint32_t>(c.height)});
+      max_height = std::max(max_height, static_cast<uint32_t>(c.height));
+    }
+    if (descs_.empty()) return;
+    const size_t bytes = descs_.size() * sizeof(KvCopy);
+    if (bytes > descs_dev_size_) {
+      FERRY_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old list may be in use
+      const size_t grown = std::max(bytes, 2 * descs_dev_size_);
+      cudaFree(descs_dev_);
+      descs_dev_ = nullptr;
+      descs_dev_size_ = 0;
+      descs_dev_ = device_alloc(grown);
+      descs_dev_size_ = grown;
+    }
+    // (From pageable memory: the call returns once descs_ may be reused.)
+    FERRY_CUDA_CHECK(cudaMemcpyAsync(descs_dev_, descs_.data(), bytes, cudaMemcpyHostToDevice,
+                                     stream_));
+    kv_copy(static_cast<const KvCopy*>(descs_dev_), descs_.size(), max_height, stream_);
+  }
+
   cudaStream_t stream_;
+  std::shared_ptr<KvPool> pool_;
   uint8_t* temp_ = nullptr;
   size_t temp_size_ = 0;
+  std::vector<KvCopy> descs_;
+  void* descs_dev_ = nullptr;
+  size_t descs_dev_size_ = 0;
 };
 
 // A device buffer that grows (contents are not kept) and is freed with
@@ -187,7 +345,7 @@ class CudaBackend final : public model::Backend {
     cudaDeviceProp prop{};
     FERRY_CUDA_CHECK(cudaGetDeviceProperties(&prop, opts.device));
     name_ = std::string("cuda:") + std::to_string(opts.device) + " (" + prop.name + ")";
-    kv_alloc_ = std::make_shared<DeviceKvAllocator>(stream_);
+    kv_alloc_ = std::make_shared<DeviceKvAllocator>(opts.device, stream_);
     if (StepProfile::requested()) profile_ = std::make_unique<StepProfile>(stream_);
   }
 
@@ -202,6 +360,7 @@ class CudaBackend final : public model::Backend {
     cudaFree(staging_dev_);
     cublasDestroy(blas_);
     cudaFree(blas_workspace_);
+    kv_alloc_->detach_stream();  // KV planes may outlive the backend
     cudaStreamDestroy(stream_);
   }
 
@@ -236,6 +395,7 @@ class CudaBackend final : public model::Backend {
     // A step starts here: the previous one has been read back (to_host
     // synchronised), so the staging area can be reused from its start.
     abandon_graph();  // a step that failed mid-capture left its capture open
+    if (profile_) profile_->opening();
     FERRY_CUDA_CHECK(cudaStreamSynchronize(stream_));
     staged_ = 0;
     used_in_step_ = 0;

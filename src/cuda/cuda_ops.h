@@ -153,6 +153,19 @@ struct KvWrite {
 void kv_store(const KvWrite* writes, size_t n_writes, size_t n_kv_heads, size_t head_dim,
               const float* k, const float* v, cudaStream_t stream);
 
+// Many byte copies in one launch (the KV layer's rebuilds: kv::KvAllocator::
+// copy_batch): copy i moves `height` runs of `width` bytes from src + r *
+// spitch to dst + r * dpitch. No copy may write bytes another reads or
+// writes (they run together). `copies` is device memory; max_height the
+// largest height among them.
+struct KvCopy {
+  uint8_t* dst = nullptr;
+  const uint8_t* src = nullptr;
+  uint64_t dpitch = 0, spitch = 0;
+  uint32_t width = 0, height = 0;
+};
+void kv_copy(const KvCopy* copies, size_t n, uint32_t max_height, cudaStream_t stream);
+
 // One query token's attention over one cache row, as kernels::AttentionTask
 // but flattened for the device (the sides by value).
 struct AttentionJob {

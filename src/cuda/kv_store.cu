@@ -111,7 +111,35 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Block (i, r): copy i's runs r, r + gridDim.y, ..., 16 bytes a thread
+// where both ends and the width are 16-byte aligned, else a byte a thread.
+__global__ void __launch_bounds__(256) kv_copy_kernel(const KvCopy* copies) {
+  dependency_wait();
+  const KvCopy c = copies[blockIdx.x];
+  const bool wide =
+      ((reinterpret_cast<uintptr_t>(c.dst) | reinterpret_cast<uintptr_t>(c.src) | c.dpitch |
+        c.spitch | c.width) &
+       15u) == 0;
+  for (uint32_t r = blockIdx.y; r < c.height; r += gridDim.y) {
+    uint8_t* d = c.dst + r * c.dpitch;
+    const uint8_t* s = c.src + r * c.spitch;
+    if (wide) {
+      for (uint32_t i = threadIdx.x; i < c.width / 16; i += blockDim.x)
+        reinterpret_cast<uint4*>(d)[i] = reinterpret_cast<const uint4*>(s)[i];
+    } else {
+      for (uint32_t i = threadIdx.x; i < c.width; i += blockDim.x) d[i] = s[i];
+    }
+  }
+}
+
 }  // namespace
+
+void kv_copy(const KvCopy* copies, size_t n, uint32_t max_height, cudaStream_t stream) {
+  if (n == 0 || max_height == 0) return;
+  FERRY_CHECK(n <= 0x7fffffffu, "kv_copy", n, " copies");
+  const dim3 grid(static_cast<unsigned>(n), std::min(max_height, 64u));
+  launch("kv_copy_kernel", kv_copy_kernel, grid, 256, 0, stream, copies);
+}
 
 void kv_store(const KvWrite* writes, size_t n_writes, size_t n_kv_heads, size_t head_dim,
               const float* k, const float* v, cudaStream_t stream) {

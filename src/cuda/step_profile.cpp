@@ -1,5 +1,6 @@
 #include "cuda/step_profile.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,6 +24,9 @@ cudaEvent_t StepProfile::event(size_t i) {
 void StepProfile::begin_step() {
   const Clock::time_point now = Clock::now();
   between_ = t_end_ == Clock::time_point{} ? 0.0 : std::chrono::duration<double>(now - t_end_).count();
+  between_sync_ = t_end_ == Clock::time_point{} || t_open_ < t_end_
+                      ? 0.0
+                      : std::chrono::duration<double>(now - t_open_).count();
   t_begin_ = now;
   tokens_ = outputs_ = 0;
   names_.clear();
@@ -54,6 +58,8 @@ void StepProfile::end_step() {
   ++t.steps;
   t.tokens += tokens_;
   t.between += between_;
+  t.between_sync += between_sync_;
+  t.between_max = std::max(t.between_max, between_);
   t.build += std::chrono::duration<double>(t_wait_ - t_begin_).count();
   t.wait += std::chrono::duration<double>(t_end_ - t_wait_).count();
   float ms = 0;
@@ -72,10 +78,12 @@ StepProfile::~StepProfile() {
     const double n = static_cast<double>(t.steps);
     std::fprintf(stderr,
                  "[cuda profile] %s: %zu steps, %.1f tokens/step; per step ms: host build %.3f, "
-                 "wait %.3f, between steps %.3f, device span %.3f\n",
+                 "wait %.3f, between steps %.3f (of which waiting for device work enqueued "
+                 "between steps %.3f; longest gap %.3f), device span %.3f\n",
                  tp == &decode_ ? "decode steps" : "other steps", t.steps,
                  static_cast<double>(t.tokens) / n, 1e3 * t.build / n, 1e3 * t.wait / n,
-                 1e3 * t.between / n, 1e3 * t.device / n);
+                 1e3 * t.between / n, 1e3 * t.between_sync / n, 1e3 * t.between_max,
+                 1e3 * t.device / n);
     for (const auto& [op, s] : t.ops)
       std::fprintf(stderr, "[cuda profile]   %-12s %8.3f ms/step\n", op.c_str(), 1e3 * s / n);
   }

@@ -1,6 +1,8 @@
 // Where a GPU step's time goes, for tuning (FERRY_CUDA_PROFILE=1): per step
 // the host's time building and enqueuing it, the wait for the device at its
-// end, the time between steps (the scheduler), the device's span, and
+// end, the time between steps (the scheduler, and the device work enqueued
+// between steps, which the step's opening synchronisation waits for:
+// reported apart, with the longest gap), the device's span, and
 // with graphs off the device time per op (events between ops). Printed to
 // stderr when the backend is destroyed, split into decode steps (one token
 // per row) and the rest. Costs nothing when off.
@@ -25,6 +27,9 @@ class StepProfile {
   StepProfile(const StepProfile&) = delete;
   StepProfile& operator=(const StepProfile&) = delete;
 
+  // When the step is asked for, before its opening synchronisation (which
+  // waits for device work enqueued between steps: KV row operations).
+  void opening() { t_open_ = Clock::now(); }
   // After the step's opening synchronisation.
   void begin_step();
   // The step's token rows and outputs (decode steps have as many of each).
@@ -44,6 +49,7 @@ class StepProfile {
   struct Totals {
     size_t steps = 0, tokens = 0;
     double build = 0, wait = 0, between = 0, device = 0;  // seconds
+    double between_sync = 0, between_max = 0;  // of between: the opening sync; the longest
     std::map<std::string, double> ops;                    // device seconds per op
   };
   cudaEvent_t event(size_t i);
@@ -53,8 +59,8 @@ class StepProfile {
   std::vector<const char*> names_;
   size_t tokens_ = 0, outputs_ = 0;
   bool open_ = false;
-  Clock::time_point t_begin_, t_wait_, t_end_{};
-  double between_ = 0;
+  Clock::time_point t_open_{}, t_begin_, t_wait_, t_end_{};
+  double between_ = 0, between_sync_ = 0;
   Totals decode_, other_;
 };
 

@@ -126,15 +126,20 @@ std::pair<size_t, size_t> BatchKv::live_cols(size_t layer, const RowState& r) co
 }
 
 void BatchKv::copy_span(LayerStore& dst, size_t dr, ColMap dm, size_t c_dst, const LayerStore& src,
-                        size_t sr, ColMap sm, size_t c_src, size_t n) {
+                        size_t sr, ColMap sm, size_t c_src, size_t n,
+                        std::vector<KvAllocator::Copy2d>* batch) {
   const bool same = &dst == &src;
   while (n > 0) {
     const size_t ps = sm.slot(c_src), pd = dm.slot(c_dst);
     size_t run = n;
     if (sm.ring) run = std::min(run, sm.ring - ps);
     if (dm.ring) run = std::min(run, dm.ring - pd);
-    if (same) {
+    if (same && batch) {
+      dst.move_cols(sr, ps, dr, pd, run, *batch);
+    } else if (same) {
       dst.move_cols(sr, ps, dr, pd, run);
+    } else if (batch) {
+      dst.copy_cols(src, sr, ps, dr, pd, run, *batch);
     } else {
       dst.copy_cols(src, sr, ps, dr, pd, run);
     }
@@ -156,6 +161,9 @@ std::vector<LayerStore> BatchKv::rebuilt(const StoreGeometry& geo, size_t step,
                                          std::span<const long> src_rows) const {
   std::vector<LayerStore> out;
   out.reserve(spec_.layers.size());
+  // Every row's copies into the new stores, run together at the end (the
+  // new stores share no bytes with the old ones).
+  std::vector<KvAllocator::Copy2d> batch;
   for (size_t l = 0; l < spec_.layers.size(); ++l) {
     const StoreGeometry lg = layer_geometry(l, geo, step);
     out.emplace_back(spec_.layers[l].k, spec_.layers[l].v, lg, alloc_);
@@ -175,9 +183,10 @@ std::vector<LayerStore> BatchKv::rebuilt(const StoreGeometry& geo, size_t step,
         n = keep;
       }
       copy_span(out[l], r, to_map, to.start + (c0 - from.start), layers_[l],
-                static_cast<size_t>(src_rows[r]), colmap(l), c0, n);
+                static_cast<size_t>(src_rows[r]), colmap(l), c0, n, &batch);
     }
   }
+  if (!batch.empty()) alloc_->copy_batch(batch);
   return out;
 }
 
@@ -419,6 +428,7 @@ BatchKv BatchKv::merge(std::span<const BatchKv* const> parts) {
   const StoreGeometry g = out.geometry_for(lengths.size(), t.width());
   out.step_cap_ = step;
   std::vector<LayerStore> stores;
+  std::vector<KvAllocator::Copy2d> batch;  // (into the new stores: run together)
   for (size_t l = 0; l < first.spec_.layers.size(); ++l) {
     const StoreGeometry lg = out.layer_geometry(l, g, step);
     stores.emplace_back(first.spec_.layers[l].k, first.spec_.layers[l].v, lg, first.alloc_);
@@ -433,9 +443,10 @@ BatchKv BatchKv::merge(std::span<const BatchKv* const> parts) {
           n = to_map.ring;
         }
         copy_span(stores[l], row, to_map, t.row(row).start + (c0 - from.start), p->layers_[l], r,
-                  p->colmap(l), c0, n);
+                  p->colmap(l), c0, n, &batch);
       }
   }
+  if (!batch.empty()) first.alloc_->copy_batch(batch);
   out.adopt(std::move(stores), g, step);
   out.table_ = std::move(t);
   return out;
@@ -461,7 +472,9 @@ void BatchKv::extend(const BatchKv& other) {
   }
   const size_t n0 = rows(), n = t.size();
   const size_t step = std::max(step_cap_, other.step_cap_);
-  // Copies the joiners into `to` whose layer l maps columns by `to_map`.
+  // Copies the joiners into `to` whose layer l maps columns by `to_map`
+  // (appended to `batch`: they read only `other`).
+  std::vector<KvAllocator::Copy2d> batch;
   auto copy_joiners = [&](LayerStore& to, size_t l, ColMap to_map) {
     for (size_t r = 0; r < other.rows(); ++r) {
       const RowState& src = other.table_.row(r);
@@ -471,7 +484,7 @@ void BatchKv::extend(const BatchKv& other) {
         cnt = to_map.ring;
       }
       copy_span(to, n0 + r, to_map, t.row(n0 + r).start + (c0 - src.start), other.layers_[l], r,
-                other.colmap(l), c0, cnt);
+                other.colmap(l), c0, cnt, &batch);
     }
   };
   const bool in_place =
@@ -480,6 +493,7 @@ void BatchKv::extend(const BatchKv& other) {
       std::none_of(layers_.begin(), layers_.end(), [](const auto& l) { return l.shared(); });
   if (in_place) {
     for (size_t l = 0; l < layers_.size(); ++l) copy_joiners(layers_[l], l, colmap(l));
+    if (!batch.empty()) alloc_->copy_batch(batch);
     table_ = std::move(t);
     return;
   }
@@ -494,6 +508,7 @@ void BatchKv::extend(const BatchKv& other) {
     const size_t ring = spec_.layers[l].window ? spec_.layers[l].window + step - 1 : 0;
     copy_joiners(stores[l], l, ColMap{0, ring});
   }
+  if (!batch.empty()) alloc_->copy_batch(batch);
   adopt(std::move(stores), g, step);
   table_ = std::move(t);
 }
@@ -503,13 +518,19 @@ void BatchKv::filter(std::span<const size_t> keep) {
   size_t trim = 0;
   RowTable t = table_.filtered(keep, &trim);
   unshare();  // the last step that can fail
-  for (size_t l = 0; l < layers_.size(); ++l)
+  // Row keep[i] to row i (keep increases, keep[i] >= i): each layer's moves
+  // in row order, destinations before their sources.
+  std::vector<KvAllocator::Copy2d> moves;
+  for (size_t l = 0; l < layers_.size(); ++l) {
     for (size_t i = 0; i < keep.size(); ++i) {
       if (keep[i] == i) continue;
       const RowState& r = table_.row(keep[i]);
       auto [c0, n] = live_cols(l, r);
-      copy_span(layers_[l], i, colmap(l), c0, layers_[l], keep[i], colmap(l), c0, n);
+      copy_span(layers_[l], i, colmap(l), c0, layers_[l], keep[i], colmap(l), c0, n, &moves);
     }
+    alloc_->copy_moves(moves);
+    moves.clear();
+  }
   base_ += trim;
   ring_base_ += trim;
   table_ = std::move(t);

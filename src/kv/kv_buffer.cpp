@@ -32,6 +32,14 @@ void KvAllocator::copy_2d(uint8_t* dst, size_t dpitch, const uint8_t* src, size_
   }
 }
 
+void KvAllocator::copy_batch(std::span<const Copy2d> copies) {
+  for (const Copy2d& c : copies) copy_2d(c.dst, c.dpitch, c.src, c.spitch, c.width, c.height);
+}
+
+void KvAllocator::copy_moves(std::span<const Copy2d> moves) {
+  for (const Copy2d& c : moves) copy_2d(c.dst, c.dpitch, c.src, c.spitch, c.width, c.height);
+}
+
 std::shared_ptr<KvAllocator> KvAllocator::standard() {
   static auto a = std::make_shared<KvAllocator>();
   return a;

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 
 namespace ferry::kv {
 
@@ -36,6 +37,23 @@ class KvAllocator {
   // Never fails for valid ranges.
   virtual void copy_2d(uint8_t* dst, size_t dpitch, const uint8_t* src, size_t spitch, size_t width,
                        size_t height);
+  // Many copy_2d's at once, for a rebuild (old stores into new ones): no
+  // copy's destination overlaps another's source or destination, so an
+  // allocator may run them in any order or together (the CUDA one: one
+  // kernel instead of a driver call per copy). By default, one by one.
+  struct Copy2d {
+    uint8_t* dst;
+    size_t dpitch;
+    const uint8_t* src;
+    size_t spitch, width, height;
+  };
+  virtual void copy_batch(std::span<const Copy2d> copies);
+  // Moves within stores (a filter's compaction), given in order, where no
+  // move reads bytes an earlier one wrote and no two write the same bytes:
+  // running them one by one in that order gives the same bytes as reading
+  // every source before writing any destination, which an allocator may do
+  // instead. By default, one by one.
+  virtual void copy_moves(std::span<const Copy2d> moves);
   // Whether the CPU may read and write the buffers' bytes directly
   // (LayerStore::write encodes on the host only when it may).
   virtual bool host_accessible() const { return true; }

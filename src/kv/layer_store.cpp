@@ -65,6 +65,13 @@ void LayerStore::write(size_t row, size_t col, const float* k, const float* v) {
 
 void LayerStore::copy_cols(const LayerStore& src, size_t sr, size_t sc, size_t dr, size_t dc,
                            size_t n) {
+  std::vector<KvAllocator::Copy2d> batch;
+  copy_cols(src, sr, sc, dr, dc, n, batch);
+  for (const auto& c : batch) mem_->copy_2d(c.dst, c.dpitch, c.src, c.spitch, c.width, c.height);
+}
+
+void LayerStore::copy_cols(const LayerStore& src, size_t sr, size_t sc, size_t dr, size_t dc,
+                           size_t n, std::vector<KvAllocator::Copy2d>& batch) const {
   if (n == 0) return;
   FERRY_CHECK(src.k_fmt_ == k_fmt_ && src.v_fmt_ == v_fmt_ &&
                   src.geo_.n_kv_heads == geo_.n_kv_heads && src.geo_.head_dim == geo_.head_dim,
@@ -75,8 +82,9 @@ void LayerStore::copy_cols(const LayerStore& src, size_t sr, size_t sc, size_t d
   // One strided copy per plane: the row's heads are runs col_cap apart.
   for (size_t p = 0; p < planes_.size(); ++p) {
     const size_t u = planes_[p].unit;
-    mem_->copy_2d(at(planes_[p], dr, 0, dc), geo_.col_cap * u, src.at(src.planes_[p], sr, 0, sc),
-                  src.geo_.col_cap * u, n * u, geo_.n_kv_heads);
+    batch.push_back({at(planes_[p], dr, 0, dc), geo_.col_cap * u,
+                     src.at(src.planes_[p], sr, 0, sc), src.geo_.col_cap * u, n * u,
+                     geo_.n_kv_heads});
   }
 }
 
@@ -88,6 +96,17 @@ void LayerStore::move_cols(size_t sr, size_t sc, size_t dr, size_t dc, size_t n)
   for (auto& p : planes_)
     mem_->copy_2d(at(p, dr, 0, dc), geo_.col_cap * p.unit, at(p, sr, 0, sc), geo_.col_cap * p.unit,
                   n * p.unit, geo_.n_kv_heads);
+}
+
+void LayerStore::move_cols(size_t sr, size_t sc, size_t dr, size_t dc, size_t n,
+                           std::vector<KvAllocator::Copy2d>& batch) const {
+  if (n == 0 || (sr == dr && sc == dc)) return;
+  FERRY_CHECK(
+      sr < geo_.row_cap && dr < geo_.row_cap && sc + n <= geo_.col_cap && dc + n <= geo_.col_cap,
+      "kv", "move out of range");
+  for (const auto& p : planes_)
+    batch.push_back({at(p, dr, 0, dc), geo_.col_cap * p.unit, at(p, sr, 0, sc),
+                     geo_.col_cap * p.unit, n * p.unit, geo_.n_kv_heads});
 }
 
 kernels::KvSide LayerStore::side(bool v_side, size_t row) const {

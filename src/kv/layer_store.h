@@ -50,8 +50,16 @@ class LayerStore {
   // Copies n columns of src's row sr starting at sc into (dr, dc). All
   // planes of both sides; formats and head shapes must match.
   void copy_cols(const LayerStore& src, size_t sr, size_t sc, size_t dr, size_t dc, size_t n);
+  // copy_cols's copies appended to `batch` instead (KvAllocator::copy_batch
+  // runs them later; src must then be another store).
+  void copy_cols(const LayerStore& src, size_t sr, size_t sc, size_t dr, size_t dc, size_t n,
+                 std::vector<KvAllocator::Copy2d>& batch) const;
   // The same within this store; source and destination may overlap.
   void move_cols(size_t sr, size_t sc, size_t dr, size_t dc, size_t n);
+  // move_cols's copies appended to `batch` instead (for
+  // KvAllocator::copy_moves).
+  void move_cols(size_t sr, size_t sc, size_t dr, size_t dc, size_t n,
+                 std::vector<KvAllocator::Copy2d>& batch) const;
   // Attention view of one row (slots are physical columns).
   kernels::KvSide side(bool v_side, size_t row) const;
 
