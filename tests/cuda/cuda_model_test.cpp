@@ -14,10 +14,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <random>
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_ops.h"
+#include "kv/kv_buffer.h"
 #include "model/schedule_harness.h"
 
 namespace ferry::model {
@@ -609,6 +611,83 @@ TEST(GpuKv, RowOperationsAreByteExactWithHost) {
     expect_same_bytes(hm, dm);
     EXPECT_EQ(hm.allocated_bytes(), dm.allocated_bytes());  // the same accounting
   }
+}
+
+// The device allocator's batched copies leave the bytes the host
+// allocator's one-by-one copies do: copy_batch (one kv_copy launch) over
+// 3,000 copies of aligned and unaligned widths, pitches and addresses, run
+// twice so its descriptor list grows; copy_moves (through a bounce from
+// the pool) over a filter's chain of moves in one buffer, where each
+// move's destination was an earlier move's source.
+TEST(GpuKv, BatchedCopiesEqualHostCopies) {
+  auto be = cuda::make_backend({});
+  const std::shared_ptr<kv::KvAllocator> dev = be->kv_allocator(),
+                                         host = kv::KvAllocator::standard();
+  std::mt19937 rng(11);
+  auto fill = [&](std::vector<uint8_t>& v) {
+    for (auto& b : v) b = static_cast<uint8_t>(rng());
+  };
+  // A host buffer and its device twin.
+  struct Twin {
+    std::shared_ptr<kv::KvBuffer> h, d;
+  };
+  auto twin = [&](const std::vector<uint8_t>& bytes) {
+    Twin t{host->allocate(bytes.size()), dev->allocate(bytes.size())};
+    std::memcpy(t.h->data, bytes.data(), bytes.size());
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // (the zero fill runs on the backend's stream)
+    EXPECT_EQ(cudaMemcpy(t.d->data, bytes.data(), bytes.size(), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    return t;
+  };
+  auto same = [&](const Twin& t) {
+    std::vector<uint8_t> got(t.h->size);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(got.data(), t.d->data, got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    return std::memcmp(got.data(), t.h->data, got.size()) == 0;
+  };
+  for (size_t n_copies : {300, 3000}) {
+    std::vector<uint8_t> src_bytes(size_t{1} << 20), dst_bytes(size_t{4} << 20);
+    fill(src_bytes);
+    fill(dst_bytes);
+    const Twin src = twin(src_bytes), dst = twin(dst_bytes);
+    std::vector<kv::KvAllocator::Copy2d> hc, dc;
+    size_t at = 0;  // destinations one after another: disjoint
+    for (size_t i = 0; i < n_copies; ++i) {
+      const size_t width = i % 3 == 0 ? 16 * (1 + rng() % 20) : 1 + rng() % 300;
+      const size_t height = 1 + rng() % 8, pitch = width + (i % 2 ? 16 * (rng() % 3) : rng() % 7);
+      const size_t from = (i % 4 == 0 ? 16 : 1) * (rng() % 1000);
+      const size_t to = (at + 15) / 16 * 16 + (i % 5 == 0 ? 3 : 0);
+      at = to + (height - 1) * pitch + width;
+      ASSERT_LE(at, dst_bytes.size());
+      ASSERT_LE(from + (height - 1) * pitch + width, src_bytes.size());
+      hc.push_back({dst.h->data + to, pitch, src.h->data + from, pitch, width, height});
+      dc.push_back({dst.d->data + to, pitch, src.d->data + from, pitch, width, height});
+    }
+    host->copy_batch(hc);
+    dev->copy_batch(dc);
+    EXPECT_TRUE(same(dst)) << n_copies << " copies";
+  }
+  // A filter's moves: rows keep[i] -> i of 96-byte rows in two planes
+  // (heights 1 and 3 with the plane's pitch), in row order.
+  const size_t rows = 200, unit = 96, heads = 3;
+  std::vector<uint8_t> plane_bytes(rows * unit * heads);
+  fill(plane_bytes);
+  const Twin plane = twin(plane_bytes);
+  std::vector<size_t> keep;
+  for (size_t r = 0; r < rows; ++r)
+    if (rng() % 3 != 0) keep.push_back(r);
+  std::vector<kv::KvAllocator::Copy2d> hm, dm;
+  for (size_t i = 0; i < keep.size(); ++i) {
+    if (keep[i] == i) continue;
+    hm.push_back({plane.h->data + i * unit, rows * unit, plane.h->data + keep[i] * unit,
+                  rows * unit, unit, heads});
+    dm.push_back({plane.d->data + i * unit, rows * unit, plane.d->data + keep[i] * unit,
+                  rows * unit, unit, heads});
+  }
+  ASSERT_GT(hm.size(), 50u);
+  host->copy_moves(hm);
+  dev->copy_moves(dm);
+  EXPECT_TRUE(same(plane)) << hm.size() << " moves";
 }
 
 // The randomized schedule of tests/model on the GPU (deterministic mode):
