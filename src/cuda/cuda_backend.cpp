@@ -460,15 +460,20 @@ class CudaBackend final : public model::Backend {
   const uint16_t* bf16_copy_of(const float* x, size_t n) const {
     return bf16_copy_.x == x && bf16_copy_.n == n ? bf16_copy_.b : nullptr;
   }
-  // x's n values rounded to bf16 by a conversion launch, into xtc_.
+  // x's n values rounded to bf16 by a conversion launch, into xtc_ (where
+  // a producer's copy would be: that one is dropped).
   const uint16_t* to_bf16(const float* x, size_t n) {
+    bf16_copy_ = {};
     auto* b = static_cast<uint16_t*>(xtc_.get(n * 2, stream_));
     cuda::f32_to_bf16(x, n, b, stream_);
     return b;
   }
-  // Where such a copy of n values goes, or null when no product would read it.
+  // Where such a copy of n values goes, or null when no product would read
+  // it (no dense weights). Fast mode's cuBLAS products read it too (bf16
+  // weights), so it is made at every row count.
   uint16_t* bf16_buffer(size_t n_rows, size_t n) {
-    if (!dense_weights_ || !(opts_.deterministic || n_rows <= kFastMatvecRows)) return nullptr;
+    (void)n_rows;
+    if (!dense_weights_) return nullptr;
     return static_cast<uint16_t*>(xtc_.get(n * 2, stream_));
   }
 
@@ -507,7 +512,10 @@ class CudaBackend final : public model::Backend {
         if (!xq.codes) xq = quantize_rows(x, n_rows, w.n_in);
         q8_wait.add(w, w.data, ys[i]);
       } else if (!small) {
-        matmul_cublas(w, x, n_rows, ys[i]);
+        // bf16 operands read x's bf16 copy (its producer's, or one made
+        // here once for the call's weights); f16 weights convert to f16.
+        if (!xb && w.type != DType::F16 && w.type != DType::F32) xb = to_bf16(x, n_rows * w.n_in);
+        matmul_cublas(w, x, xb, n_rows, ys[i]);
       } else if (w.type == DType::BF16 || w.type == DType::F16) {
         if (!xb) xb = to_bf16(x, n_rows * w.n_in);
         tc_wait.add(w, reinterpret_cast<const uint16_t*>(w.data), ys[i]);
@@ -794,7 +802,9 @@ class CudaBackend final : public model::Backend {
 
   // y = x W^T through cuBLAS: W row-major [n_out, n_in] is column-major
   // [n_in, n_out], so Y^T (column-major [n_out, rows]) = op_T(W) * X^T.
-  void matmul_cublas(const kernels::WeightView& w, const float* x, size_t n_rows, float* y) {
+  // x_bf16: x's bf16 rounding if the caller has one (used for bf16 weights).
+  void matmul_cublas(const kernels::WeightView& w, const float* x, const uint16_t* x_bf16,
+                     size_t n_rows, float* y) {
     const int m = static_cast<int>(w.n_out), n = static_cast<int>(n_rows),
               k = static_cast<int>(w.n_in);
     const float one = 1.0f, zero = 0.0f;
@@ -814,11 +824,15 @@ class CudaBackend final : public model::Backend {
       cuda::dequantize_bf16(w.data, w.type, w.n_in, w.n_out, deq, stream_);
       a = deq;
     }
-    uint16_t* xb = static_cast<uint16_t*>(xconv_.get(n_rows * w.n_in * 2, stream_));
-    if (a_type == CUDA_R_16F)
-      cuda::f32_to_f16(x, n_rows * w.n_in, xb, stream_);
-    else
-      cuda::f32_to_bf16(x, n_rows * w.n_in, xb, stream_);
+    const uint16_t* xb = a_type == CUDA_R_16BF ? x_bf16 : nullptr;
+    if (!xb) {
+      auto* c = static_cast<uint16_t*>(xconv_.get(n_rows * w.n_in * 2, stream_));
+      if (a_type == CUDA_R_16F)
+        cuda::f32_to_f16(x, n_rows * w.n_in, c, stream_);
+      else
+        cuda::f32_to_bf16(x, n_rows * w.n_in, c, stream_);
+      xb = c;
+    }
     check_blas(
         cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, a, a_type, k, xb, a_type, k,
                      &zero, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
