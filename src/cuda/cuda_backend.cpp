@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <cstdint>
 #include <map>
@@ -76,10 +77,19 @@ void* device_alloc(size_t bytes) {
 // decode steps at 256 streams (FERRY_CUDA_PROFILE). The pool keeps what is
 // freed for the next planes (release threshold: everything) and gives it
 // back when an allocation anywhere finds the device full (trim_kv_pools).
+// A device without memory pools gets cudaMalloc and cudaFree (pool null).
 struct KvPool {
   cudaMemPool_t pool = nullptr;
   cudaStream_t stream = nullptr;  // null once the backend's stream is gone
   KvPool(int device, cudaStream_t s) : stream(s) {
+    int pools = 0;
+    const char* env = std::getenv("FERRY_CUDA_KV_POOL");  // "0": off (tests the fallback)
+    if ((env && std::strcmp(env, "0") == 0) ||
+        cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device) != cudaSuccess ||
+        pools == 0) {
+      (void)cudaGetLastError();
+      return;
+    }
     cudaMemPoolProps props{};
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
@@ -91,6 +101,7 @@ struct KvPool {
     g_pools.push_back(pool);
   }
   ~KvPool() {
+    if (!pool) return;
     {
       std::lock_guard<std::mutex> lock(g_pools_mutex);
       std::erase(g_pools, pool);
@@ -106,10 +117,10 @@ struct DeviceBuffer final : kv::KvBuffer {
   // In stream order while the backend's stream lives (after the work that
   // reads the plane), else at once.
   ~DeviceBuffer() override {
-    if (pool->stream)
+    if (pool->pool && pool->stream)
       cudaFreeAsync(data, pool->stream);
     else
-      cudaFree(data);
+      cudaFree(data);  // waits for work in flight
   }
 };
 
@@ -221,9 +232,11 @@ class DeviceKvAllocator final : public kv::KvAllocator {
   // Pool memory, not zeroed.
   std::shared_ptr<kv::KvBuffer> allocate_raw(size_t bytes) {
     auto b = std::make_shared<DeviceBuffer>();
-    b->data = static_cast<uint8_t*>(alloc_or_throw([&](void** p) {
-      return cudaMallocFromPoolAsync(p, std::max<size_t>(bytes, 1), pool_->pool, stream_);
-    }));
+    b->data = static_cast<uint8_t*>(
+        pool_->pool ? alloc_or_throw([&](void** p) {
+          return cudaMallocFromPoolAsync(p, std::max<size_t>(bytes, 1), pool_->pool, stream_);
+        })
+                    : device_alloc(bytes));
     b->size = bytes;
     b->pool = pool_;
     return b;

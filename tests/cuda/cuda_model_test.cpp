@@ -516,7 +516,7 @@ void expect_same_bytes(const kv::BatchKv& host, const kv::BatchKv& dev) {
   }
 }
 
-TEST(GpuKv, RowOperationsAreByteExactWithHost) {
+void row_operations_byte_exact() {
   auto be = cuda::make_backend({});
   ThreadPool pool(1);
   kernels::Context ctx{&pool, best_cpu_path()};
@@ -611,6 +611,18 @@ TEST(GpuKv, RowOperationsAreByteExactWithHost) {
     expect_same_bytes(hm, dm);
     EXPECT_EQ(hm.allocated_bytes(), dm.allocated_bytes());  // the same accounting
   }
+}
+
+TEST(GpuKv, RowOperationsAreByteExactWithHost) {
+  row_operations_byte_exact();
+}
+
+// The same on a device without memory pools (KV planes from cudaMalloc,
+// freed by cudaFree), forced by FERRY_CUDA_KV_POOL=0.
+TEST(GpuKv, RowOperationsAreByteExactWithoutMemoryPool) {
+  ASSERT_EQ(setenv("FERRY_CUDA_KV_POOL", "0", 1), 0);
+  row_operations_byte_exact();
+  unsetenv("FERRY_CUDA_KV_POOL");
 }
 
 // The device allocator's batched copies leave the bytes the host
