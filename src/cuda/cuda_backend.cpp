@@ -155,9 +155,9 @@ class DeviceKvAllocator final : public kv::KvAllocator {
   // bounce into every destination (two kernels); one by one if no bounce
   // can be had.
   void copy_moves(std::span<const Copy2d> moves) override {
+    if (moves.size() < kBatchFrom) return KvAllocator::copy_moves(moves);
     size_t total = 0;
     for (const Copy2d& c : moves) total += c.width * c.height;
-    if (moves.size() < kBatchFrom) return KvAllocator::copy_moves(moves);
     std::shared_ptr<kv::KvBuffer> bounce;
     try {
       bounce = allocate_raw(total);
@@ -227,7 +227,7 @@ class DeviceKvAllocator final : public kv::KvAllocator {
     }
     return temp_;
   }
-  static constexpr size_t kBatchFrom = 2;  // a single copy: one driver call
+  static constexpr size_t kBatchFrom = 2;  // (a lone copy stays one driver call)
 
   // Pool memory, not zeroed.
   std::shared_ptr<kv::KvBuffer> allocate_raw(size_t bytes) {

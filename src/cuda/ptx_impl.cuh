@@ -53,24 +53,23 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t& r0, uint3
 // d += A B for one m16n8k16 tile: a = A fragment (rows g / g+8, k pairs),
 // b = B fragment (k pairs, column g); d[0..1] = (g, 2c..2c+1),
 // d[2..3] = (g + 8, 2c..2c+1), g = lane / 4, c = lane % 4.
+// (One instruction for both 16-bit operand types: TYPE is "bf16" or "f16".)
+#define FERRY_MMA_M16N8K16(TYPE)                                                         \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE                    \
+               ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"             \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                          \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                          uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  FERRY_MMA_M16N8K16("bf16");
 }
 
 // mma_bf16 with f16 operands.
 __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  FERRY_MMA_M16N8K16("f16");
 }
+#undef FERRY_MMA_M16N8K16
 
 // d += A B for int8 codes (exact int32 sums), d's layout as for bf16:
 // d[0..1] = (row g, columns 2c, 2c+1), d[2..3] = (g + 8, ...), g = lane / 4,

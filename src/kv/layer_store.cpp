@@ -89,13 +89,9 @@ void LayerStore::copy_cols(const LayerStore& src, size_t sr, size_t sc, size_t d
 }
 
 void LayerStore::move_cols(size_t sr, size_t sc, size_t dr, size_t dc, size_t n) {
-  if (n == 0 || (sr == dr && sc == dc)) return;
-  FERRY_CHECK(
-      sr < geo_.row_cap && dr < geo_.row_cap && sc + n <= geo_.col_cap && dc + n <= geo_.col_cap,
-      "kv", "move out of range");
-  for (auto& p : planes_)
-    mem_->copy_2d(at(p, dr, 0, dc), geo_.col_cap * p.unit, at(p, sr, 0, sc), geo_.col_cap * p.unit,
-                  n * p.unit, geo_.n_kv_heads);
+  std::vector<KvAllocator::Copy2d> batch;
+  move_cols(sr, sc, dr, dc, n, batch);
+  for (const auto& c : batch) mem_->copy_2d(c.dst, c.dpitch, c.src, c.spitch, c.width, c.height);
 }
 
 void LayerStore::move_cols(size_t sr, size_t sc, size_t dr, size_t dc, size_t n,

@@ -432,6 +432,16 @@ TEST(CudaOps, KvStoreBytesEqualCpuEncoding) {
       }
 }
 
+// kv_copy refuses a list it cannot index (before touching the device); an
+// empty list is nothing to do.
+TEST(CudaOps, KvCopyRejectsTooManyCopies) {
+  REQUIRE_GPU();
+  EXPECT_THROW(cuda::kv_copy(nullptr, size_t{1} << 32, 1, nullptr), Error);
+  cuda::kv_copy(nullptr, 0, 1, nullptr);
+  cuda::kv_copy(nullptr, 5, 0, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
 // ---- attention -----------------------------------------------------------------
 
 struct AttnCase {
