@@ -5,9 +5,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -232,11 +232,14 @@ class DeviceKvAllocator final : public kv::KvAllocator {
   // Pool memory, not zeroed.
   std::shared_ptr<kv::KvBuffer> allocate_raw(size_t bytes) {
     auto b = std::make_shared<DeviceBuffer>();
-    b->data = static_cast<uint8_t*>(
-        pool_->pool ? alloc_or_throw([&](void** p) {
-          return cudaMallocFromPoolAsync(p, std::max<size_t>(bytes, 1), pool_->pool, stream_);
-        })
-                    : device_alloc(bytes));
+    void* p = nullptr;
+    if (pool_->pool)
+      p = alloc_or_throw([&](void** q) {
+        return cudaMallocFromPoolAsync(q, std::max<size_t>(bytes, 1), pool_->pool, stream_);
+      });
+    else
+      p = device_alloc(bytes);
+    b->data = static_cast<uint8_t*>(p);
     b->size = bytes;
     b->pool = pool_;
     return b;
@@ -250,8 +253,8 @@ class DeviceKvAllocator final : public kv::KvAllocator {
     for (const Copy2d& c0 : copies) {
       const Copy2d c = map(c0);
       if (c.width == 0 || c.height == 0) continue;
-      FERRY_CHECK(c.width <= UINT32_MAX && c.height <= UINT32_MAX, "kv", "copy of ", c.width,
-                  " x ", c.height, " bytes");
+      FERRY_CHECK(c.width <= UINT32_MAX && c.height <= UINT32_MAX, "kv", "copy of ", c.width, " x ",
+                  c.height, " bytes");
       descs_.push_back({c.dst, c.src, c.dpitch, c.spitch, static_cast<uint32_t>(c.width),
                         static_cast<uint32_t>(c.height)});
       max_height = std::max(max_height, static_cast<uint32_t>(c.height));
@@ -268,8 +271,8 @@ class DeviceKvAllocator final : public kv::KvAllocator {
       descs_dev_size_ = grown;
     }
     // (From pageable memory: the call returns once descs_ may be reused.)
-    FERRY_CUDA_CHECK(cudaMemcpyAsync(descs_dev_, descs_.data(), bytes, cudaMemcpyHostToDevice,
-                                     stream_));
+    FERRY_CUDA_CHECK(
+        cudaMemcpyAsync(descs_dev_, descs_.data(), bytes, cudaMemcpyHostToDevice, stream_));
     kv_copy(static_cast<const KvCopy*>(descs_dev_), descs_.size(), max_height, stream_);
   }
 
@@ -425,7 +428,7 @@ class CudaBackend final : public model::Backend {
     shifts_state_ = 0;
     step_writes_ = nullptr;
     step_jobs_ = nullptr;
-    pending_rope_ = {};  // (a step that failed left it)
+    pending_rope_ = {};                    // (a step that failed left it)
     if (profile_) profile_->begin_step();  // (before a capture starts)
     begin_graph(sizes);
   }
@@ -442,7 +445,7 @@ class CudaBackend final : public model::Backend {
                float* out) override {
     if (replaying()) return;
     mark("rmsnorm");
-    uint16_t* b = bf16_copy_for(out, n_rows, n_rows * dim);
+    uint16_t* b = bf16_copy_for(out, n_rows * dim);
     cuda::rmsnorm(x, w, n_rows, dim, eps, out, stream_, b);
   }
 
@@ -450,22 +453,23 @@ class CudaBackend final : public model::Backend {
                    float* out) override {
     if (replaying()) return;
     mark("add_rmsnorm");
-    uint16_t* b = bf16_copy_for(out, n_rows, n_rows * dim);
+    uint16_t* b = bf16_copy_for(out, n_rows * dim);
     cuda::add_rmsnorm(x, y, w, n_rows, dim, eps, out, b, stream_);
   }
 
   // A bf16 rounding of an activation that a norm or silu_mul has just
   // written, made by that kernel for the tensor-core product that reads it
-  // next (matmul_many takes it instead of converting x again). Only while
-  // dense weights take the tensor-core kernel; every other op drops it
-  // (mark), so it is never older than the f32 values it copies.
+  // next (matmul_many takes it instead of converting x again; so do fast
+  // mode's cuBLAS products of bf16 weights). Only for models with dense
+  // weights; every other op drops it (mark), so it is never older than the
+  // f32 values it copies.
   struct Bf16Copy {
     const float* x = nullptr;
     size_t n = 0;
     const uint16_t* b = nullptr;
   };
-  uint16_t* bf16_copy_for(const float* x, size_t n_rows, size_t n) {
-    uint16_t* b = bf16_buffer(n_rows, n);
+  uint16_t* bf16_copy_for(const float* x, size_t n) {
+    uint16_t* b = bf16_buffer(n);
     if (b) bf16_copy_ = {x, n, b};
     return b;
   }
@@ -484,8 +488,7 @@ class CudaBackend final : public model::Backend {
   // Where such a copy of n values goes, or null when no product would read
   // it (no dense weights). Fast mode's cuBLAS products read it too (bf16
   // weights), so it is made at every row count.
-  uint16_t* bf16_buffer(size_t n_rows, size_t n) {
-    (void)n_rows;
+  uint16_t* bf16_buffer(size_t n) {
     if (!dense_weights_) return nullptr;
     return static_cast<uint16_t*>(xtc_.get(n * 2, stream_));
   }
@@ -507,7 +510,7 @@ class CudaBackend final : public model::Backend {
     profile_mark("matmul");
     // x in bf16: the copy its producer made, or made here on first use.
     const uint16_t* xb = bf16_copy_of(x, n_rows * ws[0].n_in);
-    Int8Rows xq;                   // x quantized for int8 mode, made on first use
+    Int8Rows xq;  // x quantized for int8 mode, made on first use
     // Weights of one type wait here to share one launch: dense ones for
     // the tensor-core kernel, Q4_K / Q6_K ones for int8 mode's.
     auto tc_wait = pending<uint16_t>([&](const auto& p) {
@@ -606,9 +609,8 @@ class CudaBackend final : public model::Backend {
     if (replaying()) return;
     const size_t n_in = w_gate.n_in, F = w_gate.n_out;
     const bool fuse = dense_weights_ && (opts_.deterministic || n_rows <= kFastMatvecRows) &&
-                      w_gate.type == DType::BF16 && w_up.type == DType::BF16 &&
-                      w_up.n_in == n_in && w_up.n_out == F &&
-                      cuda::matmul_tc_swiglu_applies(n_in, F, n_rows);
+                      w_gate.type == DType::BF16 && w_up.type == DType::BF16 && w_up.n_in == n_in &&
+                      w_up.n_out == F && cuda::matmul_tc_swiglu_applies(n_in, F, n_rows);
     if (!fuse) return Backend::gate_up_silu(w_gate, w_up, x, n_rows, gate, up);
     const uint16_t* xb = bf16_copy_of(x, n_rows * n_in);
     mark("matmul");
@@ -623,9 +625,9 @@ class CudaBackend final : public model::Backend {
   void silu_mul(float* gate, const float* up, size_t n) override {
     if (replaying()) return;
     mark("silu_mul");
-    // (Rows are not known here: the copy is made in both modes, and fast
-    // mode's cuBLAS steps convert on their own.)
-    uint16_t* b = bf16_copy_for(gate, 1, n);
+    // (The copy is made in both modes: fast mode's cuBLAS products read it
+    // too.)
+    uint16_t* b = bf16_copy_for(gate, n);
     cuda::silu_mul(gate, up, n, stream_, b);
   }
 
@@ -662,7 +664,8 @@ class CudaBackend final : public model::Backend {
     };
     const KvWrite* d = nullptr;
     if (step_writes_ || layer_shifts(kv, places)) {
-      if (!step_writes_) step_writes_ = expand_step(build(shift_base_), places.size(), step_writes_buf_);
+      if (!step_writes_)
+        step_writes_ = expand_step(build(shift_base_), places.size(), step_writes_buf_);
       d = step_writes_ + layer * places.size();
     } else {
       d = build(layer);
@@ -676,7 +679,7 @@ class CudaBackend final : public model::Backend {
                  const kernels::AttentionShape& shape, const float* q, float* out) override {
     const size_t q_dim = shape.n_heads * shape.head_dim;
     // The output's bf16 copy for the o projection, written by the kernel.
-    uint16_t* const ob = bf16_buffer(places.size(), places.size() * q_dim);
+    uint16_t* const ob = bf16_buffer(places.size() * q_dim);
     auto build = [&](size_t from_layer) {
       jobs_.resize(places.size());
       for (size_t t = 0; t < places.size(); ++t) {
@@ -951,8 +954,8 @@ class CudaBackend final : public model::Backend {
   // replays only while they have not moved.
   using Buffers = std::array<const void*, 9>;
   Buffers buffers() const {
-    return {arena_.ptr,         staging_dev_, pinned_, xtc_.ptr, xtc_out_.ptr, xq_.ptr, attn_ws_.ptr,
-            step_writes_buf_.ptr, step_jobs_buf_.ptr};
+    return {arena_.ptr,   staging_dev_,         pinned_,           xtc_.ptr, xtc_out_.ptr, xq_.ptr,
+            attn_ws_.ptr, step_writes_buf_.ptr, step_jobs_buf_.ptr};
   }
   struct Graph {
     int direct_runs = 0;

@@ -127,22 +127,17 @@ std::pair<size_t, size_t> BatchKv::live_cols(size_t layer, const RowState& r) co
 
 void BatchKv::copy_span(LayerStore& dst, size_t dr, ColMap dm, size_t c_dst, const LayerStore& src,
                         size_t sr, ColMap sm, size_t c_src, size_t n,
-                        std::vector<KvAllocator::Copy2d>* batch) {
+                        std::vector<KvAllocator::Copy2d>& batch) {
   const bool same = &dst == &src;
   while (n > 0) {
     const size_t ps = sm.slot(c_src), pd = dm.slot(c_dst);
     size_t run = n;
     if (sm.ring) run = std::min(run, sm.ring - ps);
     if (dm.ring) run = std::min(run, dm.ring - pd);
-    if (same && batch) {
-      dst.move_cols(sr, ps, dr, pd, run, *batch);
-    } else if (same) {
-      dst.move_cols(sr, ps, dr, pd, run);
-    } else if (batch) {
-      dst.copy_cols(src, sr, ps, dr, pd, run, *batch);
-    } else {
-      dst.copy_cols(src, sr, ps, dr, pd, run);
-    }
+    if (same)
+      dst.move_cols(sr, ps, dr, pd, run, batch);
+    else
+      dst.copy_cols(src, sr, ps, dr, pd, run, batch);
     c_src += run;
     c_dst += run;
     n -= run;
@@ -183,7 +178,7 @@ std::vector<LayerStore> BatchKv::rebuilt(const StoreGeometry& geo, size_t step,
         n = keep;
       }
       copy_span(out[l], r, to_map, to.start + (c0 - from.start), layers_[l],
-                static_cast<size_t>(src_rows[r]), colmap(l), c0, n, &batch);
+                static_cast<size_t>(src_rows[r]), colmap(l), c0, n, batch);
     }
   }
   if (!batch.empty()) alloc_->copy_batch(batch);
@@ -443,7 +438,7 @@ BatchKv BatchKv::merge(std::span<const BatchKv* const> parts) {
           n = to_map.ring;
         }
         copy_span(stores[l], row, to_map, t.row(row).start + (c0 - from.start), p->layers_[l], r,
-                  p->colmap(l), c0, n, &batch);
+                  p->colmap(l), c0, n, batch);
       }
   }
   if (!batch.empty()) first.alloc_->copy_batch(batch);
@@ -484,7 +479,7 @@ void BatchKv::extend(const BatchKv& other) {
         cnt = to_map.ring;
       }
       copy_span(to, n0 + r, to_map, t.row(n0 + r).start + (c0 - src.start), other.layers_[l], r,
-                other.colmap(l), c0, cnt, &batch);
+                other.colmap(l), c0, cnt, batch);
     }
   };
   const bool in_place =
@@ -526,7 +521,7 @@ void BatchKv::filter(std::span<const size_t> keep) {
       if (keep[i] == i) continue;
       const RowState& r = table_.row(keep[i]);
       auto [c0, n] = live_cols(l, r);
-      copy_span(layers_[l], i, colmap(l), c0, layers_[l], keep[i], colmap(l), c0, n, &moves);
+      copy_span(layers_[l], i, colmap(l), c0, layers_[l], keep[i], colmap(l), c0, n, moves);
     }
     alloc_->copy_moves(moves);
     moves.clear();
@@ -543,13 +538,15 @@ BatchKv BatchKv::extract(size_t row) const {
   BatchKv out(spec_, alloc_);
   const StoreGeometry g = out.geometry_for(1, r.length());
   std::vector<LayerStore> stores;
+  std::vector<KvAllocator::Copy2d> batch;  // (into the new stores: run together)
   for (size_t l = 0; l < layers_.size(); ++l) {
     const StoreGeometry lg = layer_geometry(l, g, step_cap_);
     stores.emplace_back(spec_.layers[l].k, spec_.layers[l].v, lg, alloc_);
     auto [c0, n] = live_cols(l, r);
     copy_span(stores[l], 0, ColMap{0, spec_.layers[l].window ? lg.col_cap : 0}, c0 - r.start,
-              layers_[l], row, colmap(l), c0, n);
+              layers_[l], row, colmap(l), c0, n, batch);
   }
+  if (!batch.empty()) alloc_->copy_batch(batch);
   out.adopt(std::move(stores), g, step_cap_);
   RowState one{0, r.length()};
   one.copy_token_meta(r);

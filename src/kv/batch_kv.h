@@ -200,11 +200,11 @@ class BatchKv {
   std::pair<size_t, size_t> live_cols(size_t layer, const RowState& r) const;
   // Copies logical columns [c_src, c_src + n) of src row sr (mapped by sm)
   // to [c_dst, ...) of dst row dr (mapped by dm), splitting at ring wraps.
-  // (With `batch`, copies between two stores are appended there, for
-  // KvAllocator::copy_batch, instead of run.)
+  // The copies are appended to `batch`, not run: for KvAllocator::
+  // copy_batch between two stores, copy_moves within one.
   static void copy_span(LayerStore& dst, size_t dr, ColMap dm, size_t c_dst, const LayerStore& src,
                         size_t sr, ColMap sm, size_t c_src, size_t n,
-                        std::vector<KvAllocator::Copy2d>* batch = nullptr);
+                        std::vector<KvAllocator::Copy2d>& batch);
   // Builds storage of `geo` (ring step `step`) holding `table`'s rows copied
   // from this cache (src_rows[i] is the source row of new row i, -1 for
   // none), with new offsets 0. Pure: returns the new stores.

@@ -32,12 +32,16 @@ void KvAllocator::copy_2d(uint8_t* dst, size_t dpitch, const uint8_t* src, size_
   }
 }
 
-void KvAllocator::copy_batch(std::span<const Copy2d> copies) {
+void KvAllocator::copy_each(std::span<const Copy2d> copies) {
   for (const Copy2d& c : copies) copy_2d(c.dst, c.dpitch, c.src, c.spitch, c.width, c.height);
 }
 
+void KvAllocator::copy_batch(std::span<const Copy2d> copies) {
+  copy_each(copies);
+}
+
 void KvAllocator::copy_moves(std::span<const Copy2d> moves) {
-  for (const Copy2d& c : moves) copy_2d(c.dst, c.dpitch, c.src, c.spitch, c.width, c.height);
+  copy_each(moves);
 }
 
 std::shared_ptr<KvAllocator> KvAllocator::standard() {

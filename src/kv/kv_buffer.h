@@ -54,6 +54,8 @@ class KvAllocator {
   // every source before writing any destination, which an allocator may do
   // instead. By default, one by one.
   virtual void copy_moves(std::span<const Copy2d> moves);
+  // copy_2d of each, in order (what copy_batch and copy_moves do by default).
+  void copy_each(std::span<const Copy2d> copies);
   // Whether the CPU may read and write the buffers' bytes directly
   // (LayerStore::write encodes on the host only when it may).
   virtual bool host_accessible() const { return true; }

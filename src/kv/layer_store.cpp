@@ -64,13 +64,6 @@ void LayerStore::write(size_t row, size_t col, const float* k, const float* v) {
 }
 
 void LayerStore::copy_cols(const LayerStore& src, size_t sr, size_t sc, size_t dr, size_t dc,
-                           size_t n) {
-  std::vector<KvAllocator::Copy2d> batch;
-  copy_cols(src, sr, sc, dr, dc, n, batch);
-  for (const auto& c : batch) mem_->copy_2d(c.dst, c.dpitch, c.src, c.spitch, c.width, c.height);
-}
-
-void LayerStore::copy_cols(const LayerStore& src, size_t sr, size_t sc, size_t dr, size_t dc,
                            size_t n, std::vector<KvAllocator::Copy2d>& batch) const {
   if (n == 0) return;
   FERRY_CHECK(src.k_fmt_ == k_fmt_ && src.v_fmt_ == v_fmt_ &&
@@ -82,16 +75,15 @@ void LayerStore::copy_cols(const LayerStore& src, size_t sr, size_t sc, size_t d
   // One strided copy per plane: the row's heads are runs col_cap apart.
   for (size_t p = 0; p < planes_.size(); ++p) {
     const size_t u = planes_[p].unit;
-    batch.push_back({at(planes_[p], dr, 0, dc), geo_.col_cap * u,
-                     src.at(src.planes_[p], sr, 0, sc), src.geo_.col_cap * u, n * u,
-                     geo_.n_kv_heads});
+    batch.push_back({at(planes_[p], dr, 0, dc), geo_.col_cap * u, src.at(src.planes_[p], sr, 0, sc),
+                     src.geo_.col_cap * u, n * u, geo_.n_kv_heads});
   }
 }
 
 void LayerStore::move_cols(size_t sr, size_t sc, size_t dr, size_t dc, size_t n) {
   std::vector<KvAllocator::Copy2d> batch;
   move_cols(sr, sc, dr, dc, n, batch);
-  for (const auto& c : batch) mem_->copy_2d(c.dst, c.dpitch, c.src, c.spitch, c.width, c.height);
+  mem_->copy_each(batch);
 }
 
 void LayerStore::move_cols(size_t sr, size_t sc, size_t dr, size_t dc, size_t n,

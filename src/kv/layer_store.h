@@ -47,11 +47,9 @@ class LayerStore {
   // into (row, col). Host-accessible memory only (a device backend encodes
   // with its own kernel into side()'s planes).
   void write(size_t row, size_t col, const float* k, const float* v);
-  // Copies n columns of src's row sr starting at sc into (dr, dc). All
-  // planes of both sides; formats and head shapes must match.
-  void copy_cols(const LayerStore& src, size_t sr, size_t sc, size_t dr, size_t dc, size_t n);
-  // copy_cols's copies appended to `batch` instead (KvAllocator::copy_batch
-  // runs them later; src must then be another store).
+  // The copies of n columns of src's row sr starting at sc into (dr, dc),
+  // appended to `batch` for KvAllocator::copy_batch (src another store).
+  // All planes of both sides; formats and head shapes must match.
   void copy_cols(const LayerStore& src, size_t sr, size_t sc, size_t dr, size_t dc, size_t n,
                  std::vector<KvAllocator::Copy2d>& batch) const;
   // The same within this store; source and destination may overlap.
