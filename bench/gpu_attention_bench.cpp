@@ -69,10 +69,14 @@ struct Side {
 
 const char* variant_name(cuda::AttentionVariant v) {
   switch (v) {
-    case cuda::AttentionVariant::Auto: return "auto";
-    case cuda::AttentionVariant::PerBlock: return "block";
-    case cuda::AttentionVariant::PerWarp: return "warp";
-    case cuda::AttentionVariant::Split: return "split";
+    case cuda::AttentionVariant::Auto:
+      return "auto";
+    case cuda::AttentionVariant::PerBlock:
+      return "block";
+    case cuda::AttentionVariant::PerWarp:
+      return "warp";
+    case cuda::AttentionVariant::Split:
+      return "split";
   }
   return "?";
 }
@@ -141,8 +145,8 @@ int main(int argc, char** argv) {
             cuda::attention_variant(d_jobs[i % copies], jobs, shape, {f, f}, v, ws, nullptr);
           },
           9);
-      std::printf("%-6s %5zu %6zu %-6s %9.1f %7.0f\n", f.name().c_str(), jobs, prompt ? prompt : ctx,
-                  variant_name(v), t * 1e6, read / t / 1e9);
+      std::printf("%-6s %5zu %6zu %-6s %9.1f %7.0f\n", f.name().c_str(), jobs,
+                  prompt ? prompt : ctx, variant_name(v), t * 1e6, read / t / 1e9);
     }
     std::fflush(stdout);
     for (size_t c = 0; c < copies; ++c) {
@@ -156,24 +160,24 @@ int main(int argc, char** argv) {
   };
   using V = cuda::AttentionVariant;
   std::printf("\n%-6s %5s %6s %-6s %9s %7s\n", "kv", "jobs", "ctx", "kernel", "us", "GB/s");
+  if (!only_kv.empty()) {  // the case asked for, any context
+    for (const KvFormat& f : formats)
+      if (f.name() == only_kv)
+        run_case(f, only_jobs, only_ctx, 0, {V::Auto, V::PerBlock, V::PerWarp, V::Split});
+    return 0;
+  }
   for (const KvFormat& f : formats)
     for (size_t jobs : job_counts)
-      for (size_t ctx : contexts) {
-        if (jobs * ctx > 64 * 4096) continue;
-        if (!only_kv.empty() && (f.name() != only_kv || jobs != only_jobs || ctx != only_ctx))
-          continue;
-        run_case(f, jobs, ctx, 0, {V::Auto, V::PerBlock, V::PerWarp, V::Split});
-      }
+      for (size_t ctx : contexts)
+        if (jobs * ctx <= 64 * 4096)
+          run_case(f, jobs, ctx, 0, {V::Auto, V::PerBlock, V::PerWarp, V::Split});
   // Prefill steps: 17 and 44 prompts of 128 tokens (the 64- and 256-stream
   // runs' prompt steps); "ctx" is the prompt length, GB/s counts each
   // query's keys.
-  if (only_kv.empty()) {
-    std::printf("\nprefill (causal prompts of 128 tokens)\n");
-    for (const KvFormat& f : {KvFormat::bf16(), KvFormat::affine(4, 64)})
-      for (size_t prompts : {17, 44}) run_case(f, prompts, 128, 128, {V::PerWarp, V::PerBlock});
-  }
+  std::printf("\nprefill (causal prompts of 128 tokens)\n");
+  for (const KvFormat& f : {KvFormat::bf16(), KvFormat::affine(4, 64)})
+    for (size_t prompts : {17, 44}) run_case(f, prompts, 128, 128, {V::PerWarp, V::PerBlock});
 
-  if (!only_kv.empty()) return 0;
   // kv_store: one step's tokens written into a cache of 4096 slots.
   std::printf("\n%-6s %6s %9s\n", "kv", "tokens", "store us");
   for (const KvFormat& f : formats)

@@ -20,11 +20,11 @@ inline constexpr size_t kMaxWeights = 4;  // weights in one matmul_tc_many launc
 
 struct TileConfig {
   const char* name;
-  int bm;      // weight rows (output columns j) per CTA; multiple of 16
-  int bn;      // activation rows r per CTA; multiple of 8
-  int wm, wn;  // warps along bm and bn (warp tile (bm / wm) x (bn / wn))
-  int bk;      // k per pipeline stage; multiple of 64
-  int stages;  // cp.async stages in flight
+  int bm;              // weight rows (output columns j) per CTA; multiple of 16
+  int bn;              // activation rows r per CTA; multiple of 8
+  int wm, wn;          // warps along bm and bn (warp tile (bm / wm) x (bn / wn))
+  int bk;              // k per pipeline stage; multiple of 64
+  int stages;          // pipeline stages in flight (cp.async; TMA for the wgmma variants)
   bool wgmma = false;  // Hopper warpgroup mma (sm_90a): bm = 64 x warpgroups (wm)
 };
 
@@ -77,11 +77,11 @@ void matmul_tc_with(size_t config, const uint16_t* w, bool w_f16, size_t n_in, s
 // Whether variant `config` can run the fused SwiGLU input (a wgmma variant
 // of two warpgroups), and matmul_tc_swiglu with it forced.
 bool swiglu_variant(size_t config);
-void matmul_tc_swiglu_with(size_t config, const uint16_t* w_gate, const uint16_t* w_up,
-                           size_t n_in, size_t n_out, const uint16_t* x, size_t n_rows,
-                           float* gate, uint16_t* gate_bf16, cudaStream_t stream);
-void matmul_tc_many_with(size_t config, std::span<const uint16_t* const> w, bool w_f16,
-                         size_t n_in, std::span<const size_t> n_out, const uint16_t* x,
-                         size_t n_rows, std::span<float* const> y, cudaStream_t stream);
+void matmul_tc_swiglu_with(size_t config, const uint16_t* w_gate, const uint16_t* w_up, size_t n_in,
+                           size_t n_out, const uint16_t* x, size_t n_rows, float* gate,
+                           uint16_t* gate_bf16, cudaStream_t stream);
+void matmul_tc_many_with(size_t config, std::span<const uint16_t* const> w, bool w_f16, size_t n_in,
+                         std::span<const size_t> n_out, const uint16_t* x, size_t n_rows,
+                         std::span<float* const> y, cudaStream_t stream);
 
 }  // namespace ferry::cuda::tc

@@ -54,10 +54,10 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t& r0, uint3
 // b = B fragment (k pairs, column g); d[0..1] = (g, 2c..2c+1),
 // d[2..3] = (g + 8, 2c..2c+1), g = lane / 4, c = lane % 4.
 // (One instruction for both 16-bit operand types: TYPE is "bf16" or "f16".)
-#define FERRY_MMA_M16N8K16(TYPE)                                                         \
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE                    \
-               ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"             \
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                          \
+#define FERRY_MMA_M16N8K16(TYPE)                                              \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE         \
+               ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n" \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])               \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                          uint32_t b1) {
@@ -108,9 +108,9 @@ __device__ __forceinline__ void mma_s8_k16(int32_t (&d)[4], uint32_t a0, uint32_
 // the shared address of the k16 step's first chunk in row 0: the tile's
 // 1024-aligned base plus 32 bytes per k16 step.
 __device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr) {
-  return (uint64_t{1} << 62) |                   // 128-byte swizzle
-         (uint64_t{1024 >> 4} << 32) |           // stride: 8 rows of 128 bytes
-         (uint64_t{1} << 16) |                   // leading offset (unused when swizzled)
+  return (uint64_t{1} << 62) |          // 128-byte swizzle
+         (uint64_t{1024 >> 4} << 32) |  // stride: 8 rows of 128 bytes
+         (uint64_t{1} << 16) |          // leading offset (unused when swizzled)
          static_cast<uint64_t>((addr & 0x3ffffu) >> 4);
 }
 __device__ __forceinline__ void wgmma_fence() {
@@ -129,12 +129,88 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }
+// Pins accumulator registers in place (an empty asm that reads and writes
+// them): keeps the compiler from moving their definitions (zeroing, copies
+// at loop edges) into a wgmma group's flight, which makes ptxas serialize
+// every wgmma of the kernel.
+template <int N>
+__device__ __forceinline__ void wgmma_pin(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
 // Makes this thread's completed shared-memory writes (st.shared, cp.async)
 // visible to the async proxy that wgmma reads through.
 __device__ __forceinline__ void fence_proxy_async() {
 #if FERRY_SM90A
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
+}
+
+// Transaction barriers and tensor-memory-access copies (sm_90a): an mbarrier
+// at a shared address, 8-byte aligned; the tensor map a kernel parameter
+// (__grid_constant__), read through its generic address.
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+#if FERRY_SM90A
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+// Makes the barriers' initialisation visible to the async proxy (the copies).
+__device__ __forceinline__ void mbar_init_fence() {
+#if FERRY_SM90A
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+// One arrival that also expects `bytes` more of copies to land.
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+#if FERRY_SM90A
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+#endif
+}
+// An arrival where `pred` holds, as a predicated instruction (no branch:
+// the wgmma pipeline around it stays convergent).
+__device__ __forceinline__ void mbar_arrive_if(uint32_t bar, bool pred) {
+#if FERRY_SM90A
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.u32 p, %1, 0;\n"
+      "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n"
+      "}\n" ::"r"(bar),
+      "r"(static_cast<uint32_t>(pred))
+      : "memory");
+#endif
+}
+// Waits until the barrier's phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+#if FERRY_SM90A
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#endif
+}
+// The box at (c0 inner, c1 outer) of a 2-D tensor map into shared memory
+// at dst, completing `bar`'s transaction bytes (out-of-range elements are
+// zeros and count too).
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int c0, int c1,
+                                            uint32_t bar) {
+#if FERRY_SM90A
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+#endif
+}
+// A barrier over the first n_threads threads (whole warps) of the block.
+__device__ __forceinline__ void bar_sync(uint32_t id, uint32_t n_threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n_threads) : "memory");
 }
 
 // d += A B^T for one k16 step of a warpgroup: A = 64 rows (m) x 16 k at
@@ -148,8 +224,8 @@ template <int N>
 __device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], uint64_t a, uint64_t b);
 
 #if FERRY_SM90A
-#define FERRY_WG_D8(i)                                                                         \
-  "+f"(d[(i) + 0]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), "+f"(d[(i) + 4]),   \
+#define FERRY_WG_D8(i)                                                                      \
+  "+f"(d[(i) + 0]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), "+f"(d[(i) + 4]), \
       "+f"(d[(i) + 5]), "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
 template <>
 __device__ __forceinline__ void wgmma_bf16<64>(float (&d)[32], uint64_t a, uint64_t b) {
@@ -172,8 +248,8 @@ __device__ __forceinline__ void wgmma_bf16<128>(float (&d)[64], uint64_t a, uint
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
       "%64, %65, p, 1, 1, 0, 0;\n}\n"
-      : FERRY_WG_D8(0), FERRY_WG_D8(8), FERRY_WG_D8(16), FERRY_WG_D8(24),
-        FERRY_WG_D8(32), FERRY_WG_D8(40), FERRY_WG_D8(48), FERRY_WG_D8(56)
+      : FERRY_WG_D8(0), FERRY_WG_D8(8), FERRY_WG_D8(16), FERRY_WG_D8(24), FERRY_WG_D8(32),
+        FERRY_WG_D8(40), FERRY_WG_D8(48), FERRY_WG_D8(56)
       : "l"(a), "l"(b), "r"(1));
 }
 template <>
@@ -188,12 +264,13 @@ __device__ __forceinline__ void wgmma_bf16<256>(float (&d)[128], uint64_t a, uin
       "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
       "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, "
+      "%127}, "
       "%128, %129, p, 1, 1, 0, 0;\n}\n"
-      : FERRY_WG_D8(0), FERRY_WG_D8(8), FERRY_WG_D8(16), FERRY_WG_D8(24),
-        FERRY_WG_D8(32), FERRY_WG_D8(40), FERRY_WG_D8(48), FERRY_WG_D8(56),
-        FERRY_WG_D8(64), FERRY_WG_D8(72), FERRY_WG_D8(80), FERRY_WG_D8(88),
-        FERRY_WG_D8(96), FERRY_WG_D8(104), FERRY_WG_D8(112), FERRY_WG_D8(120)
+      : FERRY_WG_D8(0), FERRY_WG_D8(8), FERRY_WG_D8(16), FERRY_WG_D8(24), FERRY_WG_D8(32),
+        FERRY_WG_D8(40), FERRY_WG_D8(48), FERRY_WG_D8(56), FERRY_WG_D8(64), FERRY_WG_D8(72),
+        FERRY_WG_D8(80), FERRY_WG_D8(88), FERRY_WG_D8(96), FERRY_WG_D8(104), FERRY_WG_D8(112),
+        FERRY_WG_D8(120)
       : "l"(a), "l"(b), "r"(1));
 }
 #undef FERRY_WG_D8
