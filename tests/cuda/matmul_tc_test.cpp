@@ -162,7 +162,8 @@ TEST(CudaTc, MatmulTcEveryVariantGivesTheSameBits) {
     for (const Shape& s : shapes) {
       const auto w = random_half16(s.n_out * s.n_in, 401 + s.n_in, f16);
       const DeviceBuffer<uint16_t> d_w(w.bits);
-      for (size_t n_rows : {1, 9, 70, 300}) {
+      // (250 rows: four row tiles of 64, the last one ragged)
+      for (size_t n_rows : {1, 9, 70, 250, 300}) {
         const auto x = random_half16(n_rows * s.n_in, 402 + n_rows, false, 2.0f);
         const DeviceBuffer<uint16_t> d_x(x.bits);
         const auto want = run_tc(d_w, f16, s.n_in, s.n_out, d_x.get(), n_rows);
@@ -281,7 +282,7 @@ TEST(CudaTc, ManyWeightsInOneLaunchEqualSeparateCalls) {
     w.push_back(random_half16(n_outs[i] * n_in, 401 + i, false));
     d_w.push_back(std::make_unique<DeviceBuffer<uint16_t>>(w.back().bits));
   }
-  for (size_t n_rows : {1, 9, 130}) {
+  for (size_t n_rows : {1, 9, 130, 256}) {
     const auto x = random_half16(n_rows * n_in, 402 + n_rows, false, 2.0f);
     const DeviceBuffer<uint16_t> d_x(x.bits);
     std::vector<std::vector<float>> alone;
@@ -339,7 +340,7 @@ TEST(CudaTc, SwigluEpilogueEqualsSeparateOps) {
     const auto wg = random_half16(s.n_out * s.n_in, 601 + s.n_in, false);
     const auto wu = random_half16(s.n_out * s.n_in, 602 + s.n_in, false);
     const DeviceBuffer<uint16_t> d_wg(wg.bits), d_wu(wu.bits);
-    for (size_t n_rows : {1, 33, 70, 300}) {
+    for (size_t n_rows : {1, 33, 70, 250, 300}) {
       const size_t n = n_rows * s.n_out;
       const auto x = random_half16(n_rows * s.n_in, 603 + n_rows, false, 2.0f);
       const DeviceBuffer<uint16_t> d_x(x.bits);
