@@ -138,13 +138,6 @@ __device__ __forceinline__ void wgmma_pin(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
-// Makes this thread's completed shared-memory writes (st.shared, cp.async)
-// visible to the async proxy that wgmma reads through.
-__device__ __forceinline__ void fence_proxy_async() {
-#if FERRY_SM90A
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
 
 // Transaction barriers and tensor-memory-access copies (sm_90a): an mbarrier
 // at a shared address, 8-byte aligned; the tensor map a kernel parameter
