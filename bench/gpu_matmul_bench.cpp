@@ -16,11 +16,11 @@
 //   matmul_gguf (exact mode) on the same weights.
 // Built with -DFERRY_CUDA=ON (tests/CMakeLists.txt); needs a GPU.
 //
-// Seen on an H200 (2026-11-30; copy 4225 GB/s, cuBLAS 796 TFLOP/s), matmul_tc
-// vs cuBLAS in us: rows 1: 4096->4096 13.0 vs 13.5, 4096->14336 30.9 vs 34.3,
-// 14336->4096 35.6 vs 33.0, 4096->128256 232 vs 244 (3.3-4.5 TB/s except the
-// 32 MB shape, bounded by its 256-step mma chains and launch latency); rows
-// 256: 30.8 vs 18.7, 80.5 vs 46.5, 99.8 vs 48.6, 708 vs 383 (280-380 TFLOP/s).
+// Seen on an H200 (2026-12-02; copy 4235 GB/s, cuBLAS 791 TFLOP/s), matmul_tc
+// vs cuBLAS in us: rows 1: 4096->4096 13.4 vs 13.3, 4096->14336 32.1 vs 32.2,
+// 14336->4096 39.2 vs 31.9, 4096->128256 247 vs 241; rows 256: 21.6 vs 19.2,
+// 49.5 vs 46.4, 65.1 vs 50.6, 401 vs 416; rows 4096 (TMA-fed wgmma tiles):
+// 204 vs 212, 772 vs 741, 686 vs 703, 6892 vs 6420 (620-700 TFLOP/s).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
