@@ -277,17 +277,18 @@ __global__ void __launch_bounds__(Tile<BM, BN, WM, WN, BK, STAGES>::kThreads)
 
   float acc[T::kMT][T::kNT][4];
 #pragma unroll
-  for (int mt = 0; mt < T::kMT; ++mt)
+  for (int mt = 0; mt < T::kMT; ++mt) {
 #pragma unroll
     for (int nt = 0; nt < T::kNT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+  }
 
-        // The first stages' weights are requested before the dependency wait
-        // (weights are constant: with dependent launch they stream while the
-        // previous kernel finishes), the activations after it. Group s holds
-        // stage s's activations (group 0 also every prologue weight copy), so the
-        // loop's wait counts are those of one group per stage.
+  // The first stages' weights are requested before the dependency wait
+  // (weights are constant: with dependent launch they stream while the
+  // previous kernel finishes), the activations after it. Group s holds
+  // stage s's activations (group 0 also every prologue weight copy), so the
+  // loop's wait counts are those of one group per stage.
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) wcopy.issue(smem + s * kStageBytes, s, n_in);
   detail::dependency_wait();
