@@ -145,8 +145,11 @@ struct CopyPlan {
   uint32_t row_ok;       // bit i: row i is inside the matrix
 
   __device__ __forceinline__ CopyPlan(const uint16_t* m, uint32_t row0, uint32_t row_end,
-                                      uint32_t n_in) {
-    const int t = static_cast<int>(threadIdx.x);
+                                      uint32_t n_in)
+      : CopyPlan(m, row0, row_end, n_in, static_cast<int>(threadIdx.x)) {}
+  // The same for thread t of the THREADS that copy (a producer warp's).
+  __device__ __forceinline__ CopyPlan(const uint16_t* m, uint32_t row0, uint32_t row_end,
+                                      uint32_t n_in, int t) {
     const int c = t % kChunks, r = t / kChunks;
     base = m;
     k = static_cast<uint32_t>(c) * 8;
@@ -344,6 +347,127 @@ __global__ void __launch_bounds__(Tile<BM, BN, WM, WN, BK, STAGES>::kThreads)
         const uint32_t r = r0 + b_row0 + nt * 8 + 2 * c + e % 2;
         if (j < n_out && r < n_rows) y[size_t{r} * n_out + j] = acc[mt][nt][e];
       }
+}
+
+// Producer-fed skinny tiles (sm_90a), "F<bm>x<bn>": decode products of a
+// few rows on few output columns (Q/K/V, o, down), where the S tiles'
+// warps both copy and run their mma chains, so a stage is refilled only
+// after every warp has finished computing on it and met at the block
+// barrier. Here PW producer warps only copy (cp.async, 16 bytes a thread,
+// the same swizzled stages as the S tiles) and complete stage s's `full`
+// mbarrier through cp.async arrivals; BM / 16 consumer warps each own one
+// m16 x BN tile (the S tiles' warp tile), wait on `full`, run the stage's
+// k16 steps (fragments double-buffered, the next stage's first step
+// loaded before the last mma) and release the stage through its `empty`
+// mbarrier. Each output is the same chain of n_in / 16 mma steps, so the
+// bits are the S tiles'. The measured gain: docs/BENCHMARKS.md
+// (2026-12-02, session 19).
+template <int BM, int BN, int BK, int STAGES, int PW>
+struct FedTile {
+  static constexpr int kConsumers = BM / 16, kCopyThreads = PW * 32;
+  static constexpr int kThreads = kConsumers * 32 + kCopyThreads;
+  static constexpr int kNT = BN / 8;
+  static constexpr uint32_t kStageBytes = (BM + BN) * BK * 2;
+  static constexpr size_t kSmemBytes = size_t{STAGES} * kStageBytes + 16 * STAGES;
+  static_assert(BM % 16 == 0 && BN % 8 == 0 && BK % 64 == 0 && STAGES >= 2, "tile shape");
+};
+
+template <int BM, int BN, int BK, int STAGES, int PW, bool kF16>
+__global__ void __launch_bounds__(FedTile<BM, BN, BK, STAGES, PW>::kThreads)
+    matmul_fed_kernel(Weights ws, const uint16_t* __restrict__ x, uint32_t n_in, uint32_t n_rows,
+                      uint32_t row_tiles) {
+#if FERRY_SM90A
+  using T = FedTile<BM, BN, BK, STAGES, PW>;
+  constexpr int KK = BK / 16;
+  extern __shared__ uint4 smem_raw[];
+  const uint32_t smem = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t full = smem + STAGES * T::kStageBytes, empty = full + 8 * STAGES;
+
+  const uint32_t r0 = (blockIdx.x % row_tiles) * BN;
+  uint32_t col_tile = blockIdx.x / row_tiles, wi = 0;
+  while (col_tile >= ws.tiles[wi]) col_tile -= ws.tiles[wi++];
+  const uint32_t n_out = ws.n_out[wi];
+  const uint32_t j0 = col_tile * BM;
+  const uint32_t k_steps = n_in / 16, k_tiles = (n_in + BK - 1) / BK;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      detail::mbar_init(full + 8 * s, T::kCopyThreads);
+      detail::mbar_init(empty + 8 * s, T::kConsumers);
+    }
+    detail::mbar_init_fence();
+  }
+  __syncthreads();
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+
+  if (warp >= T::kConsumers) {  // a producer warp
+    const int t = static_cast<int>(threadIdx.x) - T::kConsumers * 32;
+    const CopyPlan<BM, BK, T::kCopyThreads> wcopy(ws.w[wi], j0, n_out, n_in, t);
+    const CopyPlan<BN, BK, T::kCopyThreads> xcopy(x, r0, n_rows, n_in, t);
+    // The first stages' weights before the dependency wait (constant: they
+    // stream while the previous kernel finishes), then the activations.
+    const uint32_t pre = min(static_cast<uint32_t>(STAGES), k_tiles);
+    for (uint32_t kt = 0; kt < pre; ++kt) wcopy.issue(smem + kt * T::kStageBytes, kt, n_in);
+    detail::dependency_wait();
+    for (uint32_t kt = 0; kt < k_tiles; ++kt) {
+      const uint32_t slot = kt % STAGES, st = smem + slot * T::kStageBytes;
+      if (kt >= STAGES) {
+        detail::mbar_wait(empty + 8 * slot, (kt / STAGES - 1) & 1);
+        wcopy.issue(st, kt, n_in);
+      }
+      xcopy.issue(st + BM * BK * 2, kt, n_in);
+      detail::cp_async_mbar_arrive(full + 8 * slot);
+    }
+    cp_async_wait<0>();
+    return;
+  }
+  detail::dependency_wait();  // (y may still be read by the kernel before)
+
+  float acc[1][T::kNT][4];
+#pragma unroll
+  for (int nt = 0; nt < T::kNT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[0][nt][e] = 0.0f;
+  }
+  const int a_row0 = warp * 16;
+  Frags<1, T::kNT> f[2];
+  detail::mbar_wait(full, 0);
+  load_frags<BK>(f[0], smem, smem + BM * BK * 2, 0, a_row0, 0, lane);
+  auto tile = [&](uint32_t kt, auto guard) {
+    constexpr bool kGuard = decltype(guard)::value;
+    const uint32_t slot = kt % STAGES, st = smem + slot * T::kStageBytes;
+#pragma unroll
+    for (int kk = 0; kk < KK; ++kk) {
+      if (kk < KK - 1) {
+        load_frags<BK>(f[(kk + 1) % 2], st, st + BM * BK * 2, kk + 1, a_row0, 0, lane);
+      } else if (kt + 1 < k_tiles) {  // step 0 of the next stage
+        const uint32_t ns = (kt + 1) % STAGES, nst = smem + ns * T::kStageBytes;
+        detail::mbar_wait(full + 8 * ns, ((kt + 1) / STAGES) & 1);
+        load_frags<BK>(f[(kk + 1) % 2], nst, nst + BM * BK * 2, 0, a_row0, 0, lane);
+      }
+      if (!kGuard || kt * KK + kk < k_steps) mma_step<kF16>(acc, f[kk % 2]);
+    }
+    __syncwarp();  // every lane's reads of the stage are done
+    detail::mbar_arrive_if(empty + 8 * slot, lane == 0);
+  };
+  const uint32_t full_tiles = n_in / BK;
+  for (uint32_t kt = 0; kt < full_tiles; ++kt) tile(kt, std::false_type{});
+  if (k_tiles > full_tiles) tile(full_tiles, std::true_type{});
+
+  float* __restrict__ y = ws.y[wi];
+  const int g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int nt = 0; nt < T::kNT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint32_t j = j0 + a_row0 + g + 8 * (e / 2);
+      const uint32_t r = r0 + nt * 8 + 2 * c + e % 2;
+      if (j < n_out && r < n_rows) y[size_t{r} * n_out + j] = acc[0][nt][e];
+    }
+#else
+  (void)ws, (void)x, (void)n_in, (void)n_rows, (void)row_tiles;
+  (void)FedTile<BM, BN, BK, STAGES, PW>::kNT;  // (the sm_90a image's)
+#endif
 }
 
 // Hopper variant (sm_90a): the same arithmetic on warpgroup mma. A CTA of
@@ -600,6 +724,29 @@ struct Variant {
   }
 };
 
+// A producer-fed variant (Hopper). Elsewhere f16 weights (which the tests
+// run on every variant) take S16x8k256 (same bits); bf16 weights need sm_90a.
+template <int BM, int BN, int BK, int STAGES, int PW>
+struct FedVariant {
+  static constexpr TileConfig kConfig = {nullptr, BM, BN, BM / 16, 1, BK, STAGES, true, PW};
+
+  template <bool kF16>
+  static void launch(const Args& a) {
+    if (kF16 && !wgmma_available()) return Variant<16, 8, 1, 1, 256, 4>::launch<kF16>(a);
+    using T = FedTile<BM, BN, BK, STAGES, PW>;
+    auto* kernel = matmul_fed_kernel<BM, BN, BK, STAGES, PW, kF16>;
+    detail::raise_smem_limit<matmul_fed_kernel<BM, BN, BK, STAGES, PW, kF16>>(T::kSmemBytes);
+    Weights ws = a.ws;
+    const Grid grid = cut(ws, a.n_rows, BM, BN);
+    detail::launch("matmul_fed_kernel", kernel, grid.ctas, T::kThreads, T::kSmemBytes, a.stream, ws,
+                   a.x, static_cast<uint32_t>(a.n_in), static_cast<uint32_t>(a.n_rows),
+                   grid.row_tiles);
+  }
+  static void launch_swiglu(const Args&, uint16_t*) {
+    FERRY_CHECK(false, "matmul_tc_swiglu", "needs a two-warpgroup variant");
+  }
+};
+
 // The tensor map encoder of the driver (no link to libcuda: the runtime
 // hands out the entry point).
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
@@ -707,13 +854,18 @@ using Variants =
                WgVariant<1, 128, 6>,            // 23 W64x128   144 KB, 1 warpgroup
                WgVariant<2, 64, 6>,             // 24 W128x64   144 KB (swiglu_config)
                WgVariant<1, 256, 4>,            // 25 W64x256   160 KB
-               WgVariant<1, 64, 8>>;            // 26 W64x64    128 KB
+               WgVariant<1, 64, 8>,             // 26 W64x64    128 KB
+               FedVariant<16, 8, 256, 6, 1>,    // 27 F16x8     72 KB, 1 + 1 warps (sm_90a)
+               FedVariant<32, 8, 256, 6, 2>,    // 28 F32x8     120 KB, 2 + 2 warps
+               FedVariant<16, 8, 256, 8, 1>,    // 29 F16x8s8   96 KB, 1 + 1 warps
+               FedVariant<16, 8, 128, 8, 1>>;   // 30 F16x8k128 48 KB, 1 + 1 warps
 
 constexpr const char* kNames[] = {
-    "S16x8",     "S32x8",    "S64x8",   "S16x16",  "S32x16",    "S16x32",     "S32x32",
-    "M32x64",    "M64x64",   "L128x64", "L64x128", "L128x128",  "L128x128w4", "L256x128",
-    "S16x8k256", "S16x8s4",  "S64x16",  "S64x32",  "S64x8k256", "S32x8k256",  "S32x8k512",
-    "W128x256",  "W128x128", "W64x128", "W128x64", "W64x256",   "W64x64"};
+    "S16x8",     "S32x8",    "S64x8",    "S16x16",  "S32x16",    "S16x32",     "S32x32",
+    "M32x64",    "M64x64",   "L128x64",  "L64x128", "L128x128",  "L128x128w4", "L256x128",
+    "S16x8k256", "S16x8s4",  "S64x16",   "S64x32",  "S64x8k256", "S32x8k256",  "S32x8k512",
+    "W128x256",  "W128x128", "W64x128",  "W128x64", "W64x256",   "W64x64",     "F16x8",
+    "F32x8",     "F16x8s8",  "F16x8k128"};
 constexpr size_t kN = std::tuple_size_v<Variants>;
 static_assert(std::size(kNames) == kN);
 
@@ -777,9 +929,17 @@ size_t choose_config(size_t n_in, size_t n_out, size_t n_rows, bool wgmma) {
     // itself lost 30% on 4096 -> 14336 (its CTAs three to an SM).
     // Long rows over few columns (14336 -> 4096) gain another 4% from
     // stages of 512 k.
+    // On Hopper the few-column shapes take the producer-fed tiles, with
+    // as many stages as keeps all CTAs resident (two of F16x8s8, three of
+    // F16x8 per SM): at one row o 13.5 -> 10.7 us, down 35.2 -> 30.0,
+    // Q/K/V 15.5 -> 14.8 (2026-12-02, session 19); the wide ones already
+    // stream at 93-99% of the copy bandwidth.
     const size_t ctas64 = (n_out + 63) / 64, ctas32 = (n_out + 31) / 32;
+    const size_t ctas16 = (n_out + 15) / 16, sms = 132;
     if (ctas64 >= 1000) return 2;                       // S64x8
     if (ctas64 >= 200) return 18;                       // S64x8k256
+    if (wgmma && ctas16 <= 2 * sms) return 29;          // F16x8s8
+    if (wgmma && ctas16 <= 3 * sms) return 27;          // F16x8
     if (ctas32 >= kMinCtas && n_in >= 8192) return 20;  // S32x8k512
     if (ctas32 >= kMinCtas) return 19;                  // S32x8k256
     return 0;                                           // S16x8
@@ -843,7 +1003,8 @@ void matmul_tc_many_with(size_t cfg, std::span<const uint16_t* const> w, bool w_
 }
 
 bool swiglu_variant(size_t cfg) {
-  return cfg < kN && kTable.cfg[cfg].wgmma && kTable.cfg[cfg].wm == 2;
+  return cfg < kN && kTable.cfg[cfg].wgmma && kTable.cfg[cfg].producers == 0 &&
+         kTable.cfg[cfg].wm == 2;
 }
 
 void matmul_tc_swiglu_with(size_t cfg, const uint16_t* w_gate, const uint16_t* w_up, size_t n_in,
@@ -880,8 +1041,7 @@ void matmul_tc_many(std::span<const uint16_t* const> w, bool w_f16, size_t n_in,
                     std::span<float* const> y, cudaStream_t stream) {
   size_t total = 0;
   for (size_t n : n_out) total += n;
-  // (Hopper's variants only matter above kWgmmaAboveRows: no device query below.)
-  const bool wgmma = n_rows > tc::kWgmmaAboveRows && tc::wgmma_available();
+  const bool wgmma = tc::wgmma_available();
   tc::matmul_tc_many_with(tc::choose_config(n_in, total, n_rows, wgmma), w, w_f16, n_in, n_out, x,
                           n_rows, y, stream);
 }

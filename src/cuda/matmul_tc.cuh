@@ -25,7 +25,9 @@ struct TileConfig {
   int wm, wn;          // warps along bm and bn (warp tile (bm / wm) x (bn / wn))
   int bk;              // k per pipeline stage; multiple of 64
   int stages;          // pipeline stages in flight (cp.async; TMA for the wgmma variants)
-  bool wgmma = false;  // Hopper warpgroup mma (sm_90a): bm = 64 x warpgroups (wm)
+  bool wgmma = false;  // needs sm_90a (wgmma_available()): warpgroup mma (bm = 64 x
+                       // warpgroups (wm)), or a producer-fed tile (producers > 0)
+  int producers = 0;   // producer-fed skinny tile: copying warps (wm consumer warps)
 };
 
 // choose_config takes the wgmma variants (where available) for steps of

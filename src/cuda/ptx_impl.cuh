@@ -174,6 +174,13 @@ __device__ __forceinline__ void mbar_arrive_if(uint32_t bar, bool pred) {
       : "memory");
 #endif
 }
+// An arrival on `bar` once every cp.async this thread issued before it has
+// landed (.noinc: the barrier's expected count includes these arrivals).
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+#if FERRY_SM90A
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
 // Waits until the barrier's phase of parity `parity` has completed.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 #if FERRY_SM90A
