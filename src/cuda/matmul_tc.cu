@@ -246,12 +246,22 @@ __device__ __forceinline__ void mma_step(float (&acc)[kMT][kNT][4], const Frags<
 // that read no memory), so the wait count is the same every time. Steps past
 // n_in (only in the last tile when n_in % BK != 0) are skipped (kGuard), so
 // each output sees exactly n_in / 16 mma steps whatever BK is.
-template <int BM, int BN, int WM, int WN, int BK, int STAGES, bool kF16>
+//
+// kSwiglu (skinny tiles of one m16 row of warps per half): the fused FFN
+// input of a decode step, ws.w[0] = gate and ws.w[1] = up of the same
+// shape. A CTA's column tile is BM / 2 columns of both: the stage holds
+// gate's rows, then up's, so the first WM / 2 warps compute gate's chains
+// and the others up's (the same chains as separate products); the
+// epilogue passes up's accumulators through shared memory and writes
+// silu_mul_one(gate, up) to ws.y[0] (its bf16 rounding to y_bf16).
+template <int BM, int BN, int WM, int WN, int BK, int STAGES, bool kF16, bool kSwiglu = false>
 __global__ void __launch_bounds__(Tile<BM, BN, WM, WN, BK, STAGES>::kThreads)
     matmul_tc_kernel(Weights ws, const uint16_t* __restrict__ x, uint32_t n_in, uint32_t n_rows,
-                     uint32_t row_tiles) {
+                     uint32_t row_tiles, uint16_t* __restrict__ y_bf16) {
   using T = Tile<BM, BN, WM, WN, BK, STAGES>;
-  constexpr int KK = BK / 16;  // k16 steps per tile
+  static_assert(!kSwiglu || (WN == 1 && WM % 2 == 0 && T::kMT == 1), "one m16 tile per warp");
+  constexpr int kWRows = kSwiglu ? BM / 2 : BM;  // rows of each weight in a stage
+  constexpr int KK = BK / 16;                    // k16 steps per tile
   constexpr uint32_t kStageBytes = T::kStageElems * 2;
   extern __shared__ uint4 smem_raw[];
   const uint32_t smem = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
@@ -259,19 +269,25 @@ __global__ void __launch_bounds__(Tile<BM, BN, WM, WN, BK, STAGES>::kThreads)
   const uint32_t r0 = (blockIdx.x % row_tiles) * BN;  // first activation row
   // The weight this CTA's column tile belongs to, and the tile within it.
   uint32_t col_tile = blockIdx.x / row_tiles, wi = 0;
-  while (col_tile >= ws.tiles[wi]) col_tile -= ws.tiles[wi++];
+  if constexpr (!kSwiglu)
+    while (col_tile >= ws.tiles[wi]) col_tile -= ws.tiles[wi++];
   const uint16_t* __restrict__ w = ws.w[wi];
   float* __restrict__ y = ws.y[wi];
   const uint32_t n_out = ws.n_out[wi];
-  const uint32_t j0 = col_tile * BM;  // first output column
+  const uint32_t j0 = col_tile * kWRows;  // first output column
   const uint32_t k_steps = n_in / 16;
   const uint32_t full_tiles = n_in / BK, k_tiles = (n_in + BK - 1) / BK;
 
-  CopyPlan<BM, BK, T::kThreads> wcopy(w, j0, n_out, n_in);
+  CopyPlan<kWRows, BK, T::kThreads> wcopy(w, j0, n_out, n_in);
+  CopyPlan<kWRows, BK, T::kThreads> ucopy(kSwiglu ? ws.w[1] : w, j0, n_out, n_in);
   CopyPlan<BN, BK, T::kThreads> xcopy(x, r0, n_rows, n_in);
+  auto issue_w = [&](uint32_t st, uint32_t kt) {
+    wcopy.issue(st, kt, n_in);
+    if constexpr (kSwiglu) ucopy.issue(st + kWRows * BK * 2, kt, n_in);
+  };
   auto issue = [&](uint32_t slot, uint32_t kt) {
     const uint32_t st = smem + slot * kStageBytes;
-    wcopy.issue(st, kt, n_in);
+    issue_w(st, kt);
     xcopy.issue(st + BM * BK * 2, kt, n_in);
   };
 
@@ -293,7 +309,7 @@ __global__ void __launch_bounds__(Tile<BM, BN, WM, WN, BK, STAGES>::kThreads)
   // stage s's activations (group 0 also every prologue weight copy), so the
   // loop's wait counts are those of one group per stage.
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) wcopy.issue(smem + s * kStageBytes, s, n_in);
+  for (int s = 0; s < STAGES - 1; ++s) issue_w(smem + s * kStageBytes, s);
   detail::dependency_wait();
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
@@ -337,6 +353,37 @@ __global__ void __launch_bounds__(Tile<BM, BN, WM, WN, BK, STAGES>::kThreads)
 
   // D[m = j, n = r]: d0, d1 at (g, 2c), (g, 2c + 1); d2, d3 at (g + 8, ...).
   const int g = lane / 4, c = lane % 4;
+  if constexpr (kSwiglu) {
+    // Up's warp h + WM / 2 holds the (j, r) positions of gate's warp h in
+    // the same registers: through shared memory (the stages are free once
+    // every warp passes the barrier), element i of lane l at i * 32 + l.
+    constexpr int kHalf = WM / 2, kN = T::kNT * 4;
+    float* up_s = reinterpret_cast<float*>(smem_raw);
+    __syncthreads();
+    if (warp >= kHalf)
+#pragma unroll
+      for (int nt = 0; nt < T::kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          up_s[((warp - kHalf) * kN + nt * 4 + e) * 32 + lane] = acc[0][nt][e];
+    __syncthreads();
+    if (warp >= kHalf) return;
+#pragma unroll
+    for (int nt = 0; nt < T::kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint32_t j = j0 + a_row0 + g + 8 * (e / 2);
+        const uint32_t r = r0 + b_row0 + nt * 8 + 2 * c + e % 2;
+        if (j < n_out && r < n_rows) {
+          const float v =
+              detail::silu_mul_one(acc[0][nt][e], up_s[(warp * kN + nt * 4 + e) * 32 + lane]);
+          y[size_t{r} * n_out + j] = v;
+          if (y_bf16) y_bf16[size_t{r} * n_out + j] = f2bf(v);
+        }
+      }
+    return;
+  }
+  (void)y_bf16;
 #pragma unroll
   for (int mt = 0; mt < T::kMT; ++mt)
 #pragma unroll
@@ -704,23 +751,35 @@ Grid cut(Weights& ws, size_t n_rows, int bm, int bn) {
   return {static_cast<unsigned>(row_tiles * col_tiles), static_cast<uint32_t>(row_tiles)};
 }
 
-template <int BM, int BN, int WM, int WN, int BK, int STAGES>
+// kSwiglu: the variant also runs the fused SwiGLU input (matmul_tc_kernel).
+template <int BM, int BN, int WM, int WN, int BK, int STAGES, bool kSwiglu = false>
 struct Variant {
-  static constexpr TileConfig kConfig = {nullptr, BM, BN, WM, WN, BK, STAGES};
+  static constexpr TileConfig kConfig = {nullptr, BM, BN, WM, WN, BK, STAGES, false, 0, kSwiglu};
 
+  template <bool kF16, bool kFused = false>
+  static void go(const Args& a, Weights ws, int bm, uint16_t* y_bf16) {
+    using T = Tile<BM, BN, WM, WN, BK, STAGES>;
+    auto* kernel = matmul_tc_kernel<BM, BN, WM, WN, BK, STAGES, kF16, kFused>;
+    detail::raise_smem_limit<matmul_tc_kernel<BM, BN, WM, WN, BK, STAGES, kF16, kFused>>(
+        T::kSmemBytes);
+    const Grid grid = cut(ws, a.n_rows, bm, BN);
+    detail::launch(kFused ? "matmul_tc_swiglu_kernel" : "matmul_tc_kernel", kernel, grid.ctas,
+                   T::kThreads, T::kSmemBytes, a.stream, ws, a.x, static_cast<uint32_t>(a.n_in),
+                   static_cast<uint32_t>(a.n_rows), grid.row_tiles, y_bf16);
+  }
   template <bool kF16>
   static void launch(const Args& a) {
-    using T = Tile<BM, BN, WM, WN, BK, STAGES>;
-    auto* kernel = matmul_tc_kernel<BM, BN, WM, WN, BK, STAGES, kF16>;
-    detail::raise_smem_limit<matmul_tc_kernel<BM, BN, WM, WN, BK, STAGES, kF16>>(T::kSmemBytes);
-    Weights ws = a.ws;
-    const Grid grid = cut(ws, a.n_rows, BM, BN);
-    detail::launch("matmul_tc_kernel", kernel, grid.ctas, T::kThreads, T::kSmemBytes, a.stream, ws,
-                   a.x, static_cast<uint32_t>(a.n_in), static_cast<uint32_t>(a.n_rows),
-                   grid.row_tiles);
+    go<kF16>(a, a.ws, BM, nullptr);
   }
-  static void launch_swiglu(const Args&, uint16_t*) {
-    FERRY_CHECK(false, "matmul_tc_swiglu", "needs a two-warpgroup variant");
+  static void launch_swiglu(const Args& a, uint16_t* y_bf16) {
+    if constexpr (kSwiglu) {
+      Weights gate = a.ws;  // the grid: gate's columns, BM / 2 a CTA (w[1]: up)
+      gate.n = 1;
+      go<false, true>(a, gate, BM / 2, y_bf16);
+    } else {
+      (void)a, (void)y_bf16;
+      FERRY_CHECK(false, "matmul_tc_swiglu", "needs a variant with a fused epilogue");
+    }
   }
 };
 
@@ -780,7 +839,8 @@ CUtensorMap tensor_map(const uint16_t* base, size_t inner, size_t outer, uint32_
 // wgmma's shared-memory A operand cannot take: they run L128x128 (same bits).
 template <int WGM, int BN, int STAGES>
 struct WgVariant {
-  static constexpr TileConfig kConfig = {nullptr, WGM * 64, BN, WGM, 1, 64, STAGES, true};
+  static constexpr TileConfig kConfig = {nullptr, WGM * 64, BN,   WGM, 1,
+                                         64,      STAGES,   true, 0,   WGM == 2};
   using T = WgTile<WGM, BN, STAGES>;
 
   static TmaMaps maps(const Args& a, int n_w, uint32_t w_rows) {
@@ -828,37 +888,37 @@ struct WgVariant {
 // variant must give the same bits) and for re-tuning with
 // gpu_matmul_bench --sweep on other shapes or GPUs.
 using Variants =
-    std::tuple<Variant<16, 8, 1, 1, 128, 8>,    // 0 S16x8*    48 KB, 1 warp
-               Variant<32, 8, 2, 1, 128, 6>,    // 1 S32x8     60 KB
-               Variant<64, 8, 4, 1, 128, 4>,    // 2 S64x8*    72 KB
-               Variant<16, 16, 1, 1, 128, 6>,   // 3 S16x16    48 KB
-               Variant<32, 16, 2, 1, 128, 6>,   // 4 S32x16*   72 KB
-               Variant<16, 32, 1, 1, 128, 6>,   // 5 S16x32    72 KB
-               Variant<32, 32, 2, 1, 128, 4>,   // 6 S32x32    64 KB
-               Variant<32, 64, 2, 2, 64, 4>,    // 7 M32x64    48 KB, warp 16x32
-               Variant<64, 64, 2, 2, 64, 4>,    // 8 M64x64*   64 KB, warp 32x32
-               Variant<128, 64, 2, 2, 64, 4>,   // 9 L128x64*  96 KB, warp 64x32
-               Variant<64, 128, 2, 2, 64, 4>,   // 10 L64x128  96 KB, warp 32x64
-               Variant<128, 128, 2, 4, 64, 3>,  // 11 L128x128 96 KB, 8 warps of 64x32
-               Variant<128, 128, 2, 2, 64, 3>,  // 12 L128x128w4 96 KB, 4 warps of 64x64
-               Variant<256, 128, 4, 2, 64, 3>,  // 13 L256x128* 144 KB, 8 warps of 64x64
-               Variant<16, 8, 1, 1, 256, 4>,    // 14 S16x8k256 48 KB, 1 warp
-               Variant<16, 8, 1, 1, 128, 4>,    // 15 S16x8s4   24 KB, 1 warp
-               Variant<64, 16, 4, 1, 128, 4>,   // 16 S64x16*   80 KB
-               Variant<64, 32, 4, 1, 128, 4>,   // 17 S64x32*   96 KB
-               Variant<64, 8, 4, 1, 256, 3>,    // 18 S64x8k256* 108 KB
-               Variant<32, 8, 2, 1, 256, 4>,    // 19 S32x8k256* 80 KB
-               Variant<32, 8, 2, 1, 512, 3>,    // 20 S32x8k512* 120 KB
-               WgVariant<2, 256, 4>,            // 21 W128x256  192 KB, 2 warpgroups (sm_90a)
-               WgVariant<2, 128, 5>,            // 22 W128x128  160 KB
-               WgVariant<1, 128, 6>,            // 23 W64x128   144 KB, 1 warpgroup
-               WgVariant<2, 64, 6>,             // 24 W128x64   144 KB (swiglu_config)
-               WgVariant<1, 256, 4>,            // 25 W64x256   160 KB
-               WgVariant<1, 64, 8>,             // 26 W64x64    128 KB
-               FedVariant<16, 8, 256, 6, 1>,    // 27 F16x8     72 KB, 1 + 1 warps (sm_90a)
-               FedVariant<32, 8, 256, 6, 2>,    // 28 F32x8     120 KB, 2 + 2 warps
-               FedVariant<16, 8, 256, 8, 1>,    // 29 F16x8s8   96 KB, 1 + 1 warps
-               FedVariant<16, 8, 128, 8, 1>>;   // 30 F16x8k128 48 KB, 1 + 1 warps
+    std::tuple<Variant<16, 8, 1, 1, 128, 8>,        // 0 S16x8*    48 KB, 1 warp
+               Variant<32, 8, 2, 1, 128, 6>,        // 1 S32x8     60 KB
+               Variant<64, 8, 4, 1, 128, 4>,        // 2 S64x8*    72 KB
+               Variant<16, 16, 1, 1, 128, 6>,       // 3 S16x16    48 KB
+               Variant<32, 16, 2, 1, 128, 6>,       // 4 S32x16*   72 KB
+               Variant<16, 32, 1, 1, 128, 6>,       // 5 S16x32    72 KB
+               Variant<32, 32, 2, 1, 128, 4>,       // 6 S32x32    64 KB
+               Variant<32, 64, 2, 2, 64, 4>,        // 7 M32x64    48 KB, warp 16x32
+               Variant<64, 64, 2, 2, 64, 4>,        // 8 M64x64*   64 KB, warp 32x32
+               Variant<128, 64, 2, 2, 64, 4>,       // 9 L128x64*  96 KB, warp 64x32
+               Variant<64, 128, 2, 2, 64, 4>,       // 10 L64x128  96 KB, warp 32x64
+               Variant<128, 128, 2, 4, 64, 3>,      // 11 L128x128 96 KB, 8 warps of 64x32
+               Variant<128, 128, 2, 2, 64, 3>,      // 12 L128x128w4 96 KB, 4 warps of 64x64
+               Variant<256, 128, 4, 2, 64, 3>,      // 13 L256x128* 144 KB, 8 warps of 64x64
+               Variant<16, 8, 1, 1, 256, 4>,        // 14 S16x8k256 48 KB, 1 warp
+               Variant<16, 8, 1, 1, 128, 4>,        // 15 S16x8s4   24 KB, 1 warp
+               Variant<64, 16, 4, 1, 128, 4>,       // 16 S64x16*   80 KB
+               Variant<64, 32, 4, 1, 128, 4>,       // 17 S64x32*   96 KB
+               Variant<64, 8, 4, 1, 256, 3, true>,  // 18 S64x8k256* 108 KB (+ SwiGLU)
+               Variant<32, 8, 2, 1, 256, 4>,        // 19 S32x8k256* 80 KB
+               Variant<32, 8, 2, 1, 512, 3>,        // 20 S32x8k512* 120 KB
+               WgVariant<2, 256, 4>,                // 21 W128x256  192 KB, 2 warpgroups (sm_90a)
+               WgVariant<2, 128, 5>,                // 22 W128x128  160 KB
+               WgVariant<1, 128, 6>,                // 23 W64x128   144 KB, 1 warpgroup
+               WgVariant<2, 64, 6>,                 // 24 W128x64   144 KB (swiglu_config)
+               WgVariant<1, 256, 4>,                // 25 W64x256   160 KB
+               WgVariant<1, 64, 8>,                 // 26 W64x64    128 KB
+               FedVariant<16, 8, 256, 6, 1>,        // 27 F16x8     72 KB, 1 + 1 warps (sm_90a)
+               FedVariant<32, 8, 256, 6, 2>,        // 28 F32x8     120 KB, 2 + 2 warps
+               FedVariant<16, 8, 256, 8, 1>,        // 29 F16x8s8   96 KB, 1 + 1 warps
+               FedVariant<16, 8, 128, 8, 1>>;       // 30 F16x8k128 48 KB, 1 + 1 warps
 
 constexpr const char* kNames[] = {
     "S16x8",     "S32x8",    "S64x8",    "S16x16",  "S32x16",    "S16x32",     "S32x32",
@@ -1003,17 +1063,16 @@ void matmul_tc_many_with(size_t cfg, std::span<const uint16_t* const> w, bool w_
 }
 
 bool swiglu_variant(size_t cfg) {
-  return cfg < kN && kTable.cfg[cfg].wgmma && kTable.cfg[cfg].producers == 0 &&
-         kTable.cfg[cfg].wm == 2;
+  return cfg < kN && kTable.cfg[cfg].swiglu;
 }
 
 void matmul_tc_swiglu_with(size_t cfg, const uint16_t* w_gate, const uint16_t* w_up, size_t n_in,
                            size_t n_out, const uint16_t* x, size_t n_rows, float* gate,
                            uint16_t* gate_bf16, cudaStream_t stream) {
   FERRY_CHECK(swiglu_variant(cfg), "matmul_tc_swiglu", "config ", cfg,
-              " is not a two-warpgroup wgmma variant");
-  FERRY_CHECK(wgmma_available(), "matmul_tc_swiglu", "variant ", kTable.cfg[cfg].name,
-              " needs a Hopper GPU (sm_90a)");
+              " has no fused SwiGLU epilogue");
+  FERRY_CHECK(!kTable.cfg[cfg].wgmma || wgmma_available(), "matmul_tc_swiglu", "variant ",
+              kTable.cfg[cfg].name, " needs a Hopper GPU (sm_90a)");
   check_args(n_in, n_out, n_rows, w_gate, x);
   check_args(n_in, n_out, n_rows, w_up, x);
   if (n_rows == 0 || n_out == 0) return;
@@ -1047,11 +1106,19 @@ void matmul_tc_many(std::span<const uint16_t* const> w, bool w_f16, size_t n_in,
 }
 
 namespace {
-// The fused tile: the one matmul_tc_many would take for gate and up in one
-// launch when it has two warpgroups, W128x64 where it picked the
-// one-warpgroup W64x64 (few columns: about as many CTAs either way); none
-// (kN) where no wgmma tile applies (32 rows or fewer, other GPUs).
+// The fused tile. Decode steps (up to 8 rows, any GPU): S64x8k256 where
+// matmul_tc_many would stream gate and up in one launch of a 64-column
+// skinny tile (wide FFNs; on narrow ones the fused tile's 32 columns a CTA
+// would leave SMs idle). Above 32 rows (Hopper): the tile matmul_tc_many
+// would take when it has two warpgroups, W128x64 where it picked the
+// one-warpgroup W64x64 (few columns: about as many CTAs either way). None
+// (kN) elsewhere: 9-32 rows, narrow FFNs, other GPUs above 32 rows.
 size_t swiglu_config(size_t n_in, size_t n_out, size_t n_rows) {
+  constexpr size_t kS64x8 = 2, kS64x8k256 = 18;
+  if (n_rows <= 8) {
+    const size_t cfg = tc::choose_config(n_in, 2 * n_out, n_rows, tc::wgmma_available());
+    return cfg == kS64x8 || cfg == kS64x8k256 ? kS64x8k256 : tc::n_configs();
+  }
   if (n_rows <= tc::kWgmmaAboveRows || !tc::wgmma_available()) return tc::n_configs();
   const size_t cfg = tc::choose_config(n_in, 2 * n_out, n_rows, true);
   if (tc::swiglu_variant(cfg)) return cfg;

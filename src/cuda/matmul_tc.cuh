@@ -20,14 +20,15 @@ inline constexpr size_t kMaxWeights = 4;  // weights in one matmul_tc_many launc
 
 struct TileConfig {
   const char* name;
-  int bm;              // weight rows (output columns j) per CTA; multiple of 16
-  int bn;              // activation rows r per CTA; multiple of 8
-  int wm, wn;          // warps along bm and bn (warp tile (bm / wm) x (bn / wn))
-  int bk;              // k per pipeline stage; multiple of 64
-  int stages;          // pipeline stages in flight (cp.async; TMA for the wgmma variants)
-  bool wgmma = false;  // needs sm_90a (wgmma_available()): warpgroup mma (bm = 64 x
-                       // warpgroups (wm)), or a producer-fed tile (producers > 0)
-  int producers = 0;   // producer-fed skinny tile: copying warps (wm consumer warps)
+  int bm;               // weight rows (output columns j) per CTA; multiple of 16
+  int bn;               // activation rows r per CTA; multiple of 8
+  int wm, wn;           // warps along bm and bn (warp tile (bm / wm) x (bn / wn))
+  int bk;               // k per pipeline stage; multiple of 64
+  int stages;           // pipeline stages in flight (cp.async; TMA for the wgmma variants)
+  bool wgmma = false;   // needs sm_90a (wgmma_available()): warpgroup mma (bm = 64 x
+                        // warpgroups (wm)), or a producer-fed tile (producers > 0)
+  int producers = 0;    // producer-fed skinny tile: copying warps (wm consumer warps)
+  bool swiglu = false;  // also runs matmul_tc_swiglu (the fused gate / up epilogue)
 };
 
 // choose_config takes the wgmma variants (where available) for steps of
@@ -77,7 +78,8 @@ size_t choose_config(size_t n_in, size_t n_out, size_t n_rows, bool wgmma);
 void matmul_tc_with(size_t config, const uint16_t* w, bool w_f16, size_t n_in, size_t n_out,
                     const uint16_t* x, size_t n_rows, float* y, cudaStream_t stream);
 // Whether variant `config` can run the fused SwiGLU input (a wgmma variant
-// of two warpgroups), and matmul_tc_swiglu with it forced.
+// of two warpgroups, or S64x8k256 for decode steps), and matmul_tc_swiglu
+// with it forced.
 bool swiglu_variant(size_t config);
 void matmul_tc_swiglu_with(size_t config, const uint16_t* w_gate, const uint16_t* w_up, size_t n_in,
                            size_t n_out, const uint16_t* x, size_t n_rows, float* gate,

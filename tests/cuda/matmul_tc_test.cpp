@@ -233,7 +233,8 @@ TEST(CudaTc, ChooseConfigPicksTheMeasuredVariants) {
                {4096, 1024, 32, "S16x16"},
                {4096, 1024, 64, "S32x16"}};
   for (const auto& c : cases)
-    EXPECT_STREQ(cuda::tc::config(cuda::tc::choose_config(c.n_in, c.n_out, c.n_rows, false)).name, c.want)
+    EXPECT_STREQ(cuda::tc::config(cuda::tc::choose_config(c.n_in, c.n_out, c.n_rows, false)).name,
+                 c.want)
         << c.n_in << "->" << c.n_out << " rows=" << c.n_rows;
 }
 
@@ -243,15 +244,15 @@ TEST(CudaTc, ChooseConfigPicksTheMeasuredWgmmaVariants) {
   const struct {
     size_t n_in, n_out, n_rows;
     const char* want;
-  } cases[] = {{4096, 4096, 32, "S64x16"},     {4096, 4096, 64, "W64x64"},
-               {4096, 6144, 64, "W64x64"},     {4096, 28672, 64, "W128x64"},
-               {14336, 4096, 64, "W64x64"},    {4096, 128256, 64, "W128x64"},
-               {4096, 4096, 128, "W64x64"},    {4096, 6144, 128, "W128x64"},
-               {4096, 28672, 128, "W128x128"}, {14336, 4096, 128, "W64x64"},
-               {4096, 4096, 256, "W128x64"},   {4096, 6144, 256, "W128x128"},
-               {4096, 14336, 256, "W128x256"}, {14336, 4096, 256, "W128x64"},
-               {4096, 4096, 512, "W128x128"},  {4096, 6144, 512, "W128x256"},
-               {14336, 4096, 512, "W128x128"}, {4096, 4096, 2048, "W128x256"},
+  } cases[] = {{4096, 4096, 32, "S64x16"},      {4096, 4096, 64, "W64x64"},
+               {4096, 6144, 64, "W64x64"},      {4096, 28672, 64, "W128x64"},
+               {14336, 4096, 64, "W64x64"},     {4096, 128256, 64, "W128x64"},
+               {4096, 4096, 128, "W64x64"},     {4096, 6144, 128, "W128x64"},
+               {4096, 28672, 128, "W128x128"},  {14336, 4096, 128, "W64x64"},
+               {4096, 4096, 256, "W128x64"},    {4096, 6144, 256, "W128x128"},
+               {4096, 14336, 256, "W128x256"},  {14336, 4096, 256, "W128x64"},
+               {4096, 4096, 512, "W128x128"},   {4096, 6144, 512, "W128x256"},
+               {14336, 4096, 512, "W128x128"},  {4096, 4096, 2048, "W128x256"},
                {4096, 128256, 8192, "W128x256"}};
   for (const auto& c : cases)
     EXPECT_STREQ(cuda::tc::config(cuda::tc::choose_config(c.n_in, c.n_out, c.n_rows, true)).name,
@@ -312,22 +313,27 @@ TEST(CudaTc, ManyWeightsInOneLaunchEqualSeparateCalls) {
   }
 }
 
-// The fused SwiGLU input (Hopper): every two-warpgroup wgmma variant gives
-// silu_mul(matmul_tc(gate), matmul_tc(up)) bit for bit, and its bf16 copy
-// that of silu_mul; ragged widths and row counts, nothing written past the
-// outputs; matmul_tc_swiglu applies exactly above 32 rows.
+// The fused SwiGLU input: every variant with the fused epilogue (the
+// two-warpgroup wgmma ones, S64x8k256) gives silu_mul(matmul_tc(gate),
+// matmul_tc(up)) bit for bit, and its bf16 copy that of silu_mul; ragged
+// widths and row counts, nothing written past the outputs. matmul_tc_swiglu
+// applies to wide FFNs up to 8 rows and (Hopper) to any above 32 rows.
 TEST(CudaTc, SwigluEpilogueEqualsSeparateOps) {
   REQUIRE_GPU();
   if (!cuda::tc::wgmma_available()) GTEST_SKIP() << "no sm_90a GPU here";
+  EXPECT_TRUE(cuda::matmul_tc_swiglu_applies(4096, 14336, 1));
+  EXPECT_TRUE(cuda::matmul_tc_swiglu_applies(4096, 14336, 8));
+  EXPECT_FALSE(cuda::matmul_tc_swiglu_applies(4096, 14336, 9));
   EXPECT_FALSE(cuda::matmul_tc_swiglu_applies(4096, 14336, 32));
   EXPECT_TRUE(cuda::matmul_tc_swiglu_applies(4096, 14336, 33));
+  EXPECT_FALSE(cuda::matmul_tc_swiglu_applies(64, 8, 1));  // narrow: separate ops
   EXPECT_TRUE(cuda::matmul_tc_swiglu_applies(64, 8, 300));
   {  // Where no fused tile applies, or with a variant that has none: refused.
     const DeviceBuffer<uint16_t> w(64 * 8), x(32 * 64);
     DeviceBuffer<float> y(32 * 8);
-    EXPECT_THROW(cuda::matmul_tc_swiglu(w.get(), w.get(), 64, 8, x.get(), 32, y.get(), nullptr,
-                                        nullptr),
-                 Error);
+    EXPECT_THROW(
+        cuda::matmul_tc_swiglu(w.get(), w.get(), 64, 8, x.get(), 32, y.get(), nullptr, nullptr),
+        Error);
     for (size_t cfg = 0; cfg < cuda::tc::n_configs(); ++cfg) {
       if (cuda::tc::swiglu_variant(cfg)) continue;
       EXPECT_THROW(cuda::tc::matmul_tc_swiglu_with(cfg, w.get(), w.get(), 64, 8, x.get(), 32,
@@ -340,7 +346,7 @@ TEST(CudaTc, SwigluEpilogueEqualsSeparateOps) {
     const auto wg = random_half16(s.n_out * s.n_in, 601 + s.n_in, false);
     const auto wu = random_half16(s.n_out * s.n_in, 602 + s.n_in, false);
     const DeviceBuffer<uint16_t> d_wg(wg.bits), d_wu(wu.bits);
-    for (size_t n_rows : {1, 33, 70, 250, 300}) {
+    for (size_t n_rows : {1, 5, 33, 70, 250, 300}) {
       const size_t n = n_rows * s.n_out;
       const auto x = random_half16(n_rows * s.n_in, 603 + n_rows, false, 2.0f);
       const DeviceBuffer<uint16_t> d_x(x.bits);
@@ -385,11 +391,11 @@ TEST(CudaTc, ManyWeightsRefusesBadLists) {
   float* ys[5] = {y.get(), y.get(), y.get(), y.get(), y.get()};
   EXPECT_THROW(cuda::matmul_tc_many(five, false, 16, n_outs, x.get(), 1, ys, nullptr),
                ferry::Error);  // more than kMaxWeights
-  EXPECT_THROW(cuda::matmul_tc_many(std::span(five, 2), false, 16, std::span(n_outs, 2), x.get(),
-                                    1, std::span(ys, 1), nullptr),
+  EXPECT_THROW(cuda::matmul_tc_many(std::span(five, 2), false, 16, std::span(n_outs, 2), x.get(), 1,
+                                    std::span(ys, 1), nullptr),
                ferry::Error);  // one output for two weights
-  EXPECT_THROW(cuda::matmul_tc_many(std::span(five, 1), false, 24, std::span(n_outs, 1), x.get(),
-                                    1, std::span(ys, 1), nullptr),
+  EXPECT_THROW(cuda::matmul_tc_many(std::span(five, 1), false, 24, std::span(n_outs, 1), x.get(), 1,
+                                    std::span(ys, 1), nullptr),
                ferry::Error);  // n_in not a multiple of 16
 }
 
