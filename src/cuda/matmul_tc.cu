@@ -406,36 +406,53 @@ __global__ void __launch_bounds__(Tile<BM, BN, WM, WN, BK, STAGES>::kThreads)
 // m16 x BN tile (the S tiles' warp tile), wait on `full`, run the stage's
 // k16 steps (fragments double-buffered, the next stage's first step
 // loaded before the last mma) and release the stage through its `empty`
-// mbarrier. Each output is the same chain of n_in / 16 mma steps, so the
-// bits are the S tiles'. The measured gain: docs/BENCHMARKS.md
-// (2026-12-02, session 19).
+// mbarrier. The grid is persistent (as many CTAs as fit at once, each
+// taking tiles i, i + grid, ...), and the stage ring runs on from one tile
+// to the next, so the producer streams the next tile's weights while the
+// consumers finish the last. Each output is the same chain of n_in / 16
+// mma steps, so the bits are the S tiles'. The measured gain:
+// docs/BENCHMARKS.md (2026-12-02, session 19).
 template <int BM, int BN, int BK, int STAGES, int PW>
 struct FedTile {
   static constexpr int kConsumers = BM / 16, kCopyThreads = PW * 32;
   static constexpr int kThreads = kConsumers * 32 + kCopyThreads;
   static constexpr int kNT = BN / 8;
   static constexpr uint32_t kStageBytes = (BM + BN) * BK * 2;
-  static constexpr size_t kSmemBytes = size_t{STAGES} * kStageBytes + 16 * STAGES;
+  // + the barriers, + the SwiGLU epilogue's exchange (up's accumulators)
+  static constexpr size_t kSmemBytes =
+      size_t{STAGES} * kStageBytes + 16 * STAGES + kConsumers / 2 * kNT * 4 * 32 * 4;
   static_assert(BM % 16 == 0 && BN % 8 == 0 && BK % 64 == 0 && STAGES >= 2, "tile shape");
 };
 
-template <int BM, int BN, int BK, int STAGES, int PW, bool kF16>
+// kSwiglu: the fused FFN input (as matmul_tc_kernel's): ws.w[0] = gate,
+// ws.w[1] = up; a tile is BM / 2 columns of both, the first half of the
+// consumer warps run gate's chains, the others up's, and the epilogue
+// writes silu_mul_one(gate, up) to ws.y[0] and its bf16 rounding to y_bf16.
+template <int BM, int BN, int BK, int STAGES, int PW, bool kF16, bool kSwiglu = false>
 __global__ void __launch_bounds__(FedTile<BM, BN, BK, STAGES, PW>::kThreads)
     matmul_fed_kernel(Weights ws, const uint16_t* __restrict__ x, uint32_t n_in, uint32_t n_rows,
-                      uint32_t row_tiles) {
+                      uint32_t row_tiles, uint32_t n_tiles, uint16_t* __restrict__ y_bf16) {
 #if FERRY_SM90A
   using T = FedTile<BM, BN, BK, STAGES, PW>;
   constexpr int KK = BK / 16;
+  constexpr int kWRows = kSwiglu ? BM / 2 : BM;  // rows of each weight in a stage
+  static_assert(!kSwiglu || T::kConsumers % 2 == 0, "gate and up: half the consumers each");
   extern __shared__ uint4 smem_raw[];
   const uint32_t smem = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t full = smem + STAGES * T::kStageBytes, empty = full + 8 * STAGES;
+  const uint32_t k_steps = n_in / 16, k_tiles = (n_in + BK - 1) / BK, full_tiles = n_in / BK;
 
-  const uint32_t r0 = (blockIdx.x % row_tiles) * BN;
-  uint32_t col_tile = blockIdx.x / row_tiles, wi = 0;
-  while (col_tile >= ws.tiles[wi]) col_tile -= ws.tiles[wi++];
-  const uint32_t n_out = ws.n_out[wi];
-  const uint32_t j0 = col_tile * BM;
-  const uint32_t k_steps = n_in / 16, k_tiles = (n_in + BK - 1) / BK;
+  // Tile t of the launch: row tile t % row_tiles of column tile t /
+  // row_tiles, the weights' column tiles one after another.
+  struct Where {
+    uint32_t wi, j0, r0, n_out;
+  };
+  auto where = [&](uint32_t t) {
+    uint32_t col_tile = t / row_tiles, wi = 0;
+    if constexpr (!kSwiglu)
+      while (col_tile >= ws.tiles[wi]) col_tile -= ws.tiles[wi++];
+    return Where{wi, col_tile * kWRows, (t % row_tiles) * BN, ws.n_out[wi]};
+  };
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -447,49 +464,60 @@ __global__ void __launch_bounds__(FedTile<BM, BN, BK, STAGES, PW>::kThreads)
   __syncthreads();
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
 
+  // The stage ring runs on across the CTA's tiles: stage g (counted from the
+  // CTA's start) sits in slot g % STAGES, its barriers in phase g / STAGES.
   if (warp >= T::kConsumers) {  // a producer warp
-    const int t = static_cast<int>(threadIdx.x) - T::kConsumers * 32;
-    const CopyPlan<BM, BK, T::kCopyThreads> wcopy(ws.w[wi], j0, n_out, n_in, t);
-    const CopyPlan<BN, BK, T::kCopyThreads> xcopy(x, r0, n_rows, n_in, t);
-    // The first stages' weights before the dependency wait (constant: they
-    // stream while the previous kernel finishes), then the activations.
-    const uint32_t pre = min(static_cast<uint32_t>(STAGES), k_tiles);
-    for (uint32_t kt = 0; kt < pre; ++kt) wcopy.issue(smem + kt * T::kStageBytes, kt, n_in);
-    detail::dependency_wait();
-    for (uint32_t kt = 0; kt < k_tiles; ++kt) {
-      const uint32_t slot = kt % STAGES, st = smem + slot * T::kStageBytes;
-      if (kt >= STAGES) {
-        detail::mbar_wait(empty + 8 * slot, (kt / STAGES - 1) & 1);
+    const int tid = static_cast<int>(threadIdx.x) - T::kConsumers * 32;
+    uint32_t g = 0, pre = 0;
+    for (uint32_t t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+      const Where at = where(t);
+      const CopyPlan<kWRows, BK, T::kCopyThreads> wcopy(ws.w[at.wi], at.j0, at.n_out, n_in, tid);
+      const CopyPlan<kWRows, BK, T::kCopyThreads> ucopy(kSwiglu ? ws.w[1] : ws.w[at.wi], at.j0,
+                                                        at.n_out, n_in, tid);
+      const CopyPlan<BN, BK, T::kCopyThreads> xcopy(x, at.r0, n_rows, n_in, tid);
+      auto issue_w = [&](uint32_t st, uint32_t kt) {
         wcopy.issue(st, kt, n_in);
+        if constexpr (kSwiglu) ucopy.issue(st + kWRows * BK * 2, kt, n_in);
+      };
+      if (g == 0) {
+        // The first stages' weights before the dependency wait (constant:
+        // they stream while the previous kernel finishes), then the
+        // activations.
+        pre = min(static_cast<uint32_t>(STAGES), k_tiles);
+        for (uint32_t kt = 0; kt < pre; ++kt) issue_w(smem + kt * T::kStageBytes, kt);
+        detail::dependency_wait();
       }
-      xcopy.issue(st + BM * BK * 2, kt, n_in);
-      detail::cp_async_mbar_arrive(full + 8 * slot);
+      for (uint32_t kt = 0; kt < k_tiles; ++kt, ++g) {
+        const uint32_t slot = g % STAGES, st = smem + slot * T::kStageBytes;
+        if (g >= pre) {
+          if (g >= STAGES) detail::mbar_wait(empty + 8 * slot, (g / STAGES - 1) & 1);
+          issue_w(st, kt);
+        }
+        xcopy.issue(st + BM * BK * 2, kt, n_in);
+        detail::cp_async_mbar_arrive(full + 8 * slot);
+      }
     }
     cp_async_wait<0>();
     return;
   }
   detail::dependency_wait();  // (y may still be read by the kernel before)
 
-  float acc[1][T::kNT][4];
-#pragma unroll
-  for (int nt = 0; nt < T::kNT; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[0][nt][e] = 0.0f;
-  }
-  const int a_row0 = warp * 16;
+  const int a_row0 = warp * 16, gl = lane / 4, c = lane % 4;
   Frags<1, T::kNT> f[2];
-  detail::mbar_wait(full, 0);
-  load_frags<BK>(f[0], smem, smem + BM * BK * 2, 0, a_row0, 0, lane);
-  auto tile = [&](uint32_t kt, auto guard) {
+  float acc[1][T::kNT][4];
+  uint32_t g = 0;
+  // Stage g (k tile kt of the tile) into acc; at its last step the
+  // fragments of the tile's next stage are loaded, if it has one.
+  auto stage = [&](uint32_t gs, uint32_t kt, auto guard) {
     constexpr bool kGuard = decltype(guard)::value;
-    const uint32_t slot = kt % STAGES, st = smem + slot * T::kStageBytes;
+    const uint32_t slot = gs % STAGES, st = smem + slot * T::kStageBytes;
 #pragma unroll
     for (int kk = 0; kk < KK; ++kk) {
       if (kk < KK - 1) {
         load_frags<BK>(f[(kk + 1) % 2], st, st + BM * BK * 2, kk + 1, a_row0, 0, lane);
       } else if (kt + 1 < k_tiles) {  // step 0 of the next stage
-        const uint32_t ns = (kt + 1) % STAGES, nst = smem + ns * T::kStageBytes;
-        detail::mbar_wait(full + 8 * ns, ((kt + 1) / STAGES) & 1);
+        const uint32_t ns = (gs + 1) % STAGES, nst = smem + ns * T::kStageBytes;
+        detail::mbar_wait(full + 8 * ns, ((gs + 1) / STAGES) & 1);
         load_frags<BK>(f[(kk + 1) % 2], nst, nst + BM * BK * 2, 0, a_row0, 0, lane);
       }
       if (!kGuard || kt * KK + kk < k_steps) mma_step<kF16>(acc, f[kk % 2]);
@@ -497,22 +525,65 @@ __global__ void __launch_bounds__(FedTile<BM, BN, BK, STAGES, PW>::kThreads)
     __syncwarp();  // every lane's reads of the stage are done
     detail::mbar_arrive_if(empty + 8 * slot, lane == 0);
   };
-  const uint32_t full_tiles = n_in / BK;
-  for (uint32_t kt = 0; kt < full_tiles; ++kt) tile(kt, std::false_type{});
-  if (k_tiles > full_tiles) tile(full_tiles, std::true_type{});
-
-  float* __restrict__ y = ws.y[wi];
-  const int g = lane / 4, c = lane % 4;
+  for (uint32_t t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+    const Where at = where(t);
 #pragma unroll
-  for (int nt = 0; nt < T::kNT; ++nt)
+    for (int nt = 0; nt < T::kNT; ++nt) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const uint32_t j = j0 + a_row0 + g + 8 * (e / 2);
-      const uint32_t r = r0 + nt * 8 + 2 * c + e % 2;
-      if (j < n_out && r < n_rows) y[size_t{r} * n_out + j] = acc[0][nt][e];
+      for (int e = 0; e < 4; ++e) acc[0][nt][e] = 0.0f;
     }
+    {
+      const uint32_t st = smem + (g % STAGES) * T::kStageBytes;
+      detail::mbar_wait(full + 8 * (g % STAGES), (g / STAGES) & 1);
+      load_frags<BK>(f[0], st, st + BM * BK * 2, 0, a_row0, 0, lane);
+    }
+    for (uint32_t kt = 0; kt < full_tiles; ++kt) stage(g + kt, kt, std::false_type{});
+    if (k_tiles > full_tiles) stage(g + full_tiles, full_tiles, std::true_type{});
+    g += k_tiles;
+
+    float* __restrict__ y = ws.y[at.wi];
+    if constexpr (kSwiglu) {
+      // Up's warp h + half holds gate's warp h's (j, r) positions in the
+      // same registers: through the exchange buffer, element i of lane l
+      // at i * 32 + l; the consumers meet at named barrier 1 (the
+      // producers do not) before and after the reads.
+      constexpr int kHalf = T::kConsumers / 2, kN = T::kNT * 4;
+      float* xs = reinterpret_cast<float*>(smem_raw) + (STAGES * T::kStageBytes + 16 * STAGES) / 4;
+      if (warp >= kHalf)
+#pragma unroll
+        for (int nt = 0; nt < T::kNT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            xs[((warp - kHalf) * kN + nt * 4 + e) * 32 + lane] = acc[0][nt][e];
+      detail::bar_sync(1, T::kConsumers * 32);
+      if (warp < kHalf)
+#pragma unroll
+        for (int nt = 0; nt < T::kNT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const uint32_t j = at.j0 + a_row0 + gl + 8 * (e / 2);
+            const uint32_t r = at.r0 + nt * 8 + 2 * c + e % 2;
+            if (j < at.n_out && r < n_rows) {
+              const float v =
+                  detail::silu_mul_one(acc[0][nt][e], xs[(warp * kN + nt * 4 + e) * 32 + lane]);
+              y[size_t{r} * at.n_out + j] = v;
+              if (y_bf16) y_bf16[size_t{r} * at.n_out + j] = f2bf(v);
+            }
+          }
+      detail::bar_sync(1, T::kConsumers * 32);
+      continue;
+    }
+#pragma unroll
+    for (int nt = 0; nt < T::kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint32_t j = at.j0 + a_row0 + gl + 8 * (e / 2);
+        const uint32_t r = at.r0 + nt * 8 + 2 * c + e % 2;
+        if (j < at.n_out && r < n_rows) y[size_t{r} * at.n_out + j] = acc[0][nt][e];
+      }
+  }
 #else
-  (void)ws, (void)x, (void)n_in, (void)n_rows, (void)row_tiles;
+  (void)ws, (void)x, (void)n_in, (void)n_rows, (void)row_tiles, (void)n_tiles, (void)y_bf16;
   (void)FedTile<BM, BN, BK, STAGES, PW>::kNT;  // (the sm_90a image's)
 #endif
 }
@@ -785,24 +856,56 @@ struct Variant {
 
 // A producer-fed variant (Hopper). Elsewhere f16 weights (which the tests
 // run on every variant) take S16x8k256 (same bits); bf16 weights need sm_90a.
-template <int BM, int BN, int BK, int STAGES, int PW>
+template <int BM, int BN, int BK, int STAGES, int PW, bool kSwiglu = false>
 struct FedVariant {
-  static constexpr TileConfig kConfig = {nullptr, BM, BN, BM / 16, 1, BK, STAGES, true, PW};
+  static constexpr TileConfig kConfig = {nullptr, BM,     BN,   BM / 16, 1,
+                                         BK,      STAGES, true, PW,      kSwiglu};
+  using T = FedTile<BM, BN, BK, STAGES, PW>;
 
+  template <bool kF16, bool kFused = false>
+  static void go(const Args& a, Weights ws, int bm, uint16_t* y_bf16) {
+    auto* kernel = matmul_fed_kernel<BM, BN, BK, STAGES, PW, kF16, kFused>;
+    detail::raise_smem_limit<matmul_fed_kernel<BM, BN, BK, STAGES, PW, kF16, kFused>>(
+        T::kSmemBytes);
+    const Grid grid = cut(ws, a.n_rows, bm, BN);
+    // Persistent: as many CTAs as fit on the device at once, each taking
+    // tiles i, i + grid, ... with its stage ring running on between them.
+    detail::launch(kFused ? "matmul_fed_swiglu_kernel" : "matmul_fed_kernel", kernel,
+                   std::min(grid.ctas, resident(kernel)), T::kThreads, T::kSmemBytes, a.stream, ws,
+                   a.x, static_cast<uint32_t>(a.n_in), static_cast<uint32_t>(a.n_rows),
+                   grid.row_tiles, grid.ctas, y_bf16);
+  }
   template <bool kF16>
   static void launch(const Args& a) {
     if (kF16 && !wgmma_available()) return Variant<16, 8, 1, 1, 256, 4>::launch<kF16>(a);
-    using T = FedTile<BM, BN, BK, STAGES, PW>;
-    auto* kernel = matmul_fed_kernel<BM, BN, BK, STAGES, PW, kF16>;
-    detail::raise_smem_limit<matmul_fed_kernel<BM, BN, BK, STAGES, PW, kF16>>(T::kSmemBytes);
-    Weights ws = a.ws;
-    const Grid grid = cut(ws, a.n_rows, BM, BN);
-    detail::launch("matmul_fed_kernel", kernel, grid.ctas, T::kThreads, T::kSmemBytes, a.stream, ws,
-                   a.x, static_cast<uint32_t>(a.n_in), static_cast<uint32_t>(a.n_rows),
-                   grid.row_tiles);
+    go<kF16>(a, a.ws, BM, nullptr);
   }
-  static void launch_swiglu(const Args&, uint16_t*) {
-    FERRY_CHECK(false, "matmul_tc_swiglu", "needs a two-warpgroup variant");
+  static void launch_swiglu(const Args& a, uint16_t* y_bf16) {
+    if constexpr (kSwiglu) {
+      Weights gate = a.ws;  // the grid: gate's columns, BM / 2 a tile (w[1]: up)
+      gate.n = 1;
+      go<false, true>(a, gate, BM / 2, y_bf16);
+    } else {
+      (void)a, (void)y_bf16;
+      FERRY_CHECK(false, "matmul_tc_swiglu", "needs a variant with a fused epilogue");
+    }
+  }
+  // The CTAs of `kernel` that fit on this device at once (per device, once).
+  template <class Kernel>
+  static unsigned resident(Kernel kernel) {
+    static std::atomic<unsigned> known[64];
+    int dev = 0;
+    FERRY_CUDA_CHECK(cudaGetDevice(&dev));
+    const bool cached = dev >= 0 && dev < 64;
+    if (cached && known[dev].load(std::memory_order_relaxed) != 0)
+      return known[dev].load(std::memory_order_relaxed);
+    int sms = 0, per_sm = 0;
+    FERRY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    FERRY_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, T::kThreads, T::kSmemBytes));
+    const unsigned n = static_cast<unsigned>(std::max(1, sms * per_sm));
+    if (cached) known[dev].store(n, std::memory_order_relaxed);
+    return n;
   }
 };
 
@@ -916,7 +1019,7 @@ using Variants =
                WgVariant<1, 256, 4>,                // 25 W64x256   160 KB
                WgVariant<1, 64, 8>,                 // 26 W64x64    128 KB
                FedVariant<16, 8, 256, 6, 1>,        // 27 F16x8     72 KB, 1 + 1 warps (sm_90a)
-               FedVariant<32, 8, 256, 6, 2>,        // 28 F32x8     120 KB, 2 + 2 warps
+               FedVariant<32, 8, 256, 6, 2, true>,  // 28 F32x8 120 KB, 2 + 2 warps (+ SwiGLU)
                FedVariant<16, 8, 256, 8, 1>,        // 29 F16x8s8   96 KB, 1 + 1 warps
                FedVariant<16, 8, 128, 8, 1>>;       // 30 F16x8k128 48 KB, 1 + 1 warps
 
@@ -989,20 +1092,21 @@ size_t choose_config(size_t n_in, size_t n_out, size_t n_rows, bool wgmma) {
     // itself lost 30% on 4096 -> 14336 (its CTAs three to an SM).
     // Long rows over few columns (14336 -> 4096) gain another 4% from
     // stages of 512 k.
-    // On Hopper the few-column shapes take the producer-fed tiles, with
-    // as many stages as keeps all CTAs resident (two of F16x8s8, three of
-    // F16x8 per SM): at one row o 13.5 -> 10.7 us, down 35.2 -> 30.0,
-    // Q/K/V 15.5 -> 14.8 (2026-12-02, session 19); the wide ones already
-    // stream at 93-99% of the copy bandwidth.
+    // On Hopper the producer-fed tiles (2026-12-02, session 19, us at one
+    // row): the few-column shapes with as many stages as keeps every tile
+    // resident at once (two CTAs of F16x8s8, three of F16x8 per SM: o
+    // 13.5 -> 10.7, down 35.2 -> 29.4, Q/K/V 15.5 -> 15.0), the wide ones
+    // with F32x8's persistent CTAs (gate+up 58.6 -> 56.7, head 246.6 ->
+    // 238.6). (132: the H200's SMs; the choice never changes a bit.)
     const size_t ctas64 = (n_out + 63) / 64, ctas32 = (n_out + 31) / 32;
     const size_t ctas16 = (n_out + 15) / 16, sms = 132;
-    if (ctas64 >= 1000) return 2;                       // S64x8
-    if (ctas64 >= 200) return 18;                       // S64x8k256
-    if (wgmma && ctas16 <= 2 * sms) return 29;          // F16x8s8
-    if (wgmma && ctas16 <= 3 * sms) return 27;          // F16x8
-    if (ctas32 >= kMinCtas && n_in >= 8192) return 20;  // S32x8k512
-    if (ctas32 >= kMinCtas) return 19;                  // S32x8k256
-    return 0;                                           // S16x8
+    if (wgmma)
+      return ctas16 <= 2 * sms ? 29 : ctas16 <= 3 * sms ? 27 : 28;  // F16x8s8, F16x8, F32x8
+    if (ctas64 >= 1000) return 2;                                   // S64x8
+    if (ctas64 >= 200) return 18;                                   // S64x8k256
+    if (ctas32 >= kMinCtas && n_in >= 8192) return 20;              // S32x8k512
+    if (ctas32 >= kMinCtas) return 19;                              // S32x8k256
+    return 0;                                                       // S16x8
   }
   // Indices into Variants (names in kNames). The last (finest) entries only
   // matter for n_out below the measured shapes.
@@ -1106,17 +1210,18 @@ void matmul_tc_many(std::span<const uint16_t* const> w, bool w_f16, size_t n_in,
 }
 
 namespace {
-// The fused tile. Decode steps (up to 8 rows, any GPU): S64x8k256 where
-// matmul_tc_many would stream gate and up in one launch of a 64-column
-// skinny tile (wide FFNs; on narrow ones the fused tile's 32 columns a CTA
-// would leave SMs idle). Above 32 rows (Hopper): the tile matmul_tc_many
-// would take when it has two warpgroups, W128x64 where it picked the
-// one-warpgroup W64x64 (few columns: about as many CTAs either way). None
-// (kN) elsewhere: 9-32 rows, narrow FFNs, other GPUs above 32 rows.
+// The fused tile. Decode steps (up to 8 rows): where matmul_tc_many would
+// stream gate and up in one launch of a wide tile (wide FFNs; on narrow
+// ones the fused tile's columns would leave SMs idle), F32x8 on Hopper
+// (16 columns of each a tile), S64x8k256 elsewhere (32 of each). Above 32 rows (Hopper): the tile
+// matmul_tc_many would take when it has two warpgroups, W128x64 where it picked the one-warpgroup
+// W64x64 (few columns: about as many CTAs either way). None (kN) elsewhere: 9-32 rows, narrow FFNs,
+// other GPUs above 32 rows.
 size_t swiglu_config(size_t n_in, size_t n_out, size_t n_rows) {
-  constexpr size_t kS64x8 = 2, kS64x8k256 = 18;
+  constexpr size_t kS64x8 = 2, kS64x8k256 = 18, kF32x8 = 28;
   if (n_rows <= 8) {
     const size_t cfg = tc::choose_config(n_in, 2 * n_out, n_rows, tc::wgmma_available());
+    if (cfg == kF32x8) return kF32x8;
     return cfg == kS64x8 || cfg == kS64x8k256 ? kS64x8k256 : tc::n_configs();
   }
   if (n_rows <= tc::kWgmmaAboveRows || !tc::wgmma_available()) return tc::n_configs();
