@@ -17,8 +17,9 @@
 // Built with -DFERRY_CUDA=ON (tests/CMakeLists.txt); needs a GPU.
 //
 // Seen on an H200 (2026-12-02; copy 4235 GB/s, cuBLAS 791 TFLOP/s), matmul_tc
-// vs cuBLAS in us: rows 1: 4096->4096 13.4 vs 13.3, 4096->14336 32.1 vs 32.2,
-// 14336->4096 39.2 vs 31.9, 4096->128256 247 vs 241; rows 256: 21.6 vs 19.2,
+// vs cuBLAS in us: rows 1 (producer-fed tiles, session 19): 4096->4096 10.8
+// vs 13.7, 4096->14336 32.0 vs 31.9, 14336->4096 29.3 vs 31.7, 4096->128256
+// 238.6 vs 239.9; rows 256: 21.6 vs 19.2,
 // 49.5 vs 46.4, 65.1 vs 50.6, 401 vs 416; rows 4096 (TMA-fed wgmma tiles):
 // 204 vs 212, 772 vs 741, 686 vs 703, 6892 vs 6420 (620-700 TFLOP/s).
 #include <cublas_v2.h>
