@@ -381,19 +381,19 @@ __global__ void __launch_bounds__(Tile<BM, BN, WM, WN, BK, STAGES>::kThreads)
           if (y_bf16) y_bf16[size_t{r} * n_out + j] = f2bf(v);
         }
       }
-    return;
+  } else {
+    (void)y_bf16;
+#pragma unroll
+    for (int mt = 0; mt < T::kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < T::kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const uint32_t j = j0 + a_row0 + mt * 16 + g + 8 * (e / 2);
+          const uint32_t r = r0 + b_row0 + nt * 8 + 2 * c + e % 2;
+          if (j < n_out && r < n_rows) y[size_t{r} * n_out + j] = acc[mt][nt][e];
+        }
   }
-  (void)y_bf16;
-#pragma unroll
-  for (int mt = 0; mt < T::kMT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < T::kNT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const uint32_t j = j0 + a_row0 + mt * 16 + g + 8 * (e / 2);
-        const uint32_t r = r0 + b_row0 + nt * 8 + 2 * c + e % 2;
-        if (j < n_out && r < n_rows) y[size_t{r} * n_out + j] = acc[mt][nt][e];
-      }
 }
 
 // Producer-fed skinny tiles (sm_90a), "F<bm>x<bn>": decode products of a
@@ -571,16 +571,16 @@ __global__ void __launch_bounds__(FedTile<BM, BN, BK, STAGES, PW>::kThreads)
             }
           }
       detail::bar_sync(1, T::kConsumers * 32);
-      continue;
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < T::kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const uint32_t j = at.j0 + a_row0 + gl + 8 * (e / 2);
+          const uint32_t r = at.r0 + nt * 8 + 2 * c + e % 2;
+          if (j < at.n_out && r < n_rows) y[size_t{r} * at.n_out + j] = acc[0][nt][e];
+        }
     }
-#pragma unroll
-    for (int nt = 0; nt < T::kNT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const uint32_t j = at.j0 + a_row0 + gl + 8 * (e / 2);
-        const uint32_t r = at.r0 + nt * 8 + 2 * c + e % 2;
-        if (j < at.n_out && r < n_rows) y[size_t{r} * at.n_out + j] = acc[0][nt][e];
-      }
   }
 #else
   (void)ws, (void)x, (void)n_in, (void)n_rows, (void)row_tiles, (void)n_tiles, (void)y_bf16;
@@ -822,9 +822,26 @@ Grid cut(Weights& ws, size_t n_rows, int bm, int bn) {
   return {static_cast<unsigned>(row_tiles * col_tiles), static_cast<uint32_t>(row_tiles)};
 }
 
+// launch_swiglu of a skinny variant V (CRTP) whose kernel has the fused
+// SwiGLU epilogue when kSwiglu: the grid is cut over gate's columns, BM / 2
+// a tile (ws.w[1]: up).
+template <class V, int BM, bool kSwiglu>
+struct SwigluLaunch {
+  static void launch_swiglu(const Args& a, uint16_t* y_bf16) {
+    if constexpr (kSwiglu) {
+      Weights gate = a.ws;
+      gate.n = 1;
+      V::template go<false, true>(a, gate, BM / 2, y_bf16);
+    } else {
+      (void)a, (void)y_bf16;
+      FERRY_CHECK(false, "matmul_tc_swiglu", "needs a variant with a fused epilogue");
+    }
+  }
+};
+
 // kSwiglu: the variant also runs the fused SwiGLU input (matmul_tc_kernel).
 template <int BM, int BN, int WM, int WN, int BK, int STAGES, bool kSwiglu = false>
-struct Variant {
+struct Variant : SwigluLaunch<Variant<BM, BN, WM, WN, BK, STAGES, kSwiglu>, BM, kSwiglu> {
   static constexpr TileConfig kConfig = {nullptr, BM, BN, WM, WN, BK, STAGES, false, 0, kSwiglu};
 
   template <bool kF16, bool kFused = false>
@@ -842,22 +859,12 @@ struct Variant {
   static void launch(const Args& a) {
     go<kF16>(a, a.ws, BM, nullptr);
   }
-  static void launch_swiglu(const Args& a, uint16_t* y_bf16) {
-    if constexpr (kSwiglu) {
-      Weights gate = a.ws;  // the grid: gate's columns, BM / 2 a CTA (w[1]: up)
-      gate.n = 1;
-      go<false, true>(a, gate, BM / 2, y_bf16);
-    } else {
-      (void)a, (void)y_bf16;
-      FERRY_CHECK(false, "matmul_tc_swiglu", "needs a variant with a fused epilogue");
-    }
-  }
 };
 
 // A producer-fed variant (Hopper). Elsewhere f16 weights (which the tests
 // run on every variant) take S16x8k256 (same bits); bf16 weights need sm_90a.
 template <int BM, int BN, int BK, int STAGES, int PW, bool kSwiglu = false>
-struct FedVariant {
+struct FedVariant : SwigluLaunch<FedVariant<BM, BN, BK, STAGES, PW, kSwiglu>, BM, kSwiglu> {
   static constexpr TileConfig kConfig = {nullptr, BM,     BN,   BM / 16, 1,
                                          BK,      STAGES, true, PW,      kSwiglu};
   using T = FedTile<BM, BN, BK, STAGES, PW>;
@@ -879,16 +886,6 @@ struct FedVariant {
   static void launch(const Args& a) {
     if (kF16 && !wgmma_available()) return Variant<16, 8, 1, 1, 256, 4>::launch<kF16>(a);
     go<kF16>(a, a.ws, BM, nullptr);
-  }
-  static void launch_swiglu(const Args& a, uint16_t* y_bf16) {
-    if constexpr (kSwiglu) {
-      Weights gate = a.ws;  // the grid: gate's columns, BM / 2 a tile (w[1]: up)
-      gate.n = 1;
-      go<false, true>(a, gate, BM / 2, y_bf16);
-    } else {
-      (void)a, (void)y_bf16;
-      FERRY_CHECK(false, "matmul_tc_swiglu", "needs a variant with a fused epilogue");
-    }
   }
   // The CTAs of `kernel` that fit on this device at once (per device, once).
   template <class Kernel>
