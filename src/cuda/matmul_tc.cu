@@ -232,6 +232,42 @@ __device__ __forceinline__ void mma_step(float (&acc)[kMT][kNT][4], const Frags<
   }
 }
 
+// The fused SwiGLU epilogue of the skinny tiles (matmul_tc_kernel and
+// matmul_fed_kernel with kSwiglu): warp w + half holds up's accumulators at
+// the (j, r) positions gate's warp w holds in the same registers. They pass
+// through xs (element i of lane l at i * 32 + l; `meet` synchronizes the
+// warps between the writes and the reads), and gate's warps write
+// silu_mul_one(gate, up) to y and its bf16 rounding to y_bf16. j0, r0: the
+// first column and row of gate's warp tile.
+template <int kNT, class Meet>
+__device__ __forceinline__ void swiglu_epilogue(const float (&acc)[kNT][4], float* xs, int warp,
+                                                int half, int lane, uint32_t j0, uint32_t r0,
+                                                float* __restrict__ y, uint32_t n_out,
+                                                uint32_t n_rows, uint16_t* __restrict__ y_bf16,
+                                                Meet meet) {
+  constexpr int kN = kNT * 4;
+  if (warp >= half)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) xs[((warp - half) * kN + nt * 4 + e) * 32 + lane] = acc[nt][e];
+  meet();
+  if (warp >= half) return;
+  const int g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint32_t j = j0 + g + 8 * (e / 2);
+      const uint32_t r = r0 + nt * 8 + 2 * c + e % 2;
+      if (j < n_out && r < n_rows) {
+        const float v = detail::silu_mul_one(acc[nt][e], xs[(warp * kN + nt * 4 + e) * 32 + lane]);
+        y[size_t{r} * n_out + j] = v;
+        if (y_bf16) y_bf16[size_t{r} * n_out + j] = f2bf(v);
+      }
+    }
+}
+
 // Pipeline (CUTLASS's sm80 multistage order). Stage s of the k loop lives in
 // slot s % STAGES. Within k tile kt, at step kk:
 //   - the fragments of step kk + 1 are loaded before step kk's mma (those of
@@ -354,33 +390,12 @@ __global__ void __launch_bounds__(Tile<BM, BN, WM, WN, BK, STAGES>::kThreads)
   // D[m = j, n = r]: d0, d1 at (g, 2c), (g, 2c + 1); d2, d3 at (g + 8, ...).
   const int g = lane / 4, c = lane % 4;
   if constexpr (kSwiglu) {
-    // Up's warp h + WM / 2 holds the (j, r) positions of gate's warp h in
-    // the same registers: through shared memory (the stages are free once
-    // every warp passes the barrier), element i of lane l at i * 32 + l.
-    constexpr int kHalf = WM / 2, kN = T::kNT * 4;
-    float* up_s = reinterpret_cast<float*>(smem_raw);
+    // Up's accumulators through shared memory: the stages are free once
+    // every warp passes the barrier.
     __syncthreads();
-    if (warp >= kHalf)
-#pragma unroll
-      for (int nt = 0; nt < T::kNT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          up_s[((warp - kHalf) * kN + nt * 4 + e) * 32 + lane] = acc[0][nt][e];
-    __syncthreads();
-    if (warp >= kHalf) return;
-#pragma unroll
-    for (int nt = 0; nt < T::kNT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const uint32_t j = j0 + a_row0 + g + 8 * (e / 2);
-        const uint32_t r = r0 + b_row0 + nt * 8 + 2 * c + e % 2;
-        if (j < n_out && r < n_rows) {
-          const float v =
-              detail::silu_mul_one(acc[0][nt][e], up_s[(warp * kN + nt * 4 + e) * 32 + lane]);
-          y[size_t{r} * n_out + j] = v;
-          if (y_bf16) y_bf16[size_t{r} * n_out + j] = f2bf(v);
-        }
-      }
+    swiglu_epilogue<T::kNT>(acc[0], reinterpret_cast<float*>(smem_raw), warp, WM / 2, lane,
+                            j0 + a_row0, r0 + b_row0, y, n_out, n_rows, y_bf16,
+                            [] { __syncthreads(); });
   } else {
     (void)y_bf16;
 #pragma unroll
@@ -543,34 +558,14 @@ __global__ void __launch_bounds__(FedTile<BM, BN, BK, STAGES, PW>::kThreads)
 
     float* __restrict__ y = ws.y[at.wi];
     if constexpr (kSwiglu) {
-      // Up's warp h + half holds gate's warp h's (j, r) positions in the
-      // same registers: through the exchange buffer, element i of lane l
-      // at i * 32 + l; the consumers meet at named barrier 1 (the
-      // producers do not) before and after the reads.
-      constexpr int kHalf = T::kConsumers / 2, kN = T::kNT * 4;
+      // Through the exchange buffer after the stages; the consumers meet at
+      // named barrier 1 (the producers do not), and again after the reads
+      // (the next tile's epilogue reuses the buffer).
       float* xs = reinterpret_cast<float*>(smem_raw) + (STAGES * T::kStageBytes + 16 * STAGES) / 4;
-      if (warp >= kHalf)
-#pragma unroll
-        for (int nt = 0; nt < T::kNT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            xs[((warp - kHalf) * kN + nt * 4 + e) * 32 + lane] = acc[0][nt][e];
-      detail::bar_sync(1, T::kConsumers * 32);
-      if (warp < kHalf)
-#pragma unroll
-        for (int nt = 0; nt < T::kNT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const uint32_t j = at.j0 + a_row0 + gl + 8 * (e / 2);
-            const uint32_t r = at.r0 + nt * 8 + 2 * c + e % 2;
-            if (j < at.n_out && r < n_rows) {
-              const float v =
-                  detail::silu_mul_one(acc[0][nt][e], xs[(warp * kN + nt * 4 + e) * 32 + lane]);
-              y[size_t{r} * at.n_out + j] = v;
-              if (y_bf16) y_bf16[size_t{r} * at.n_out + j] = f2bf(v);
-            }
-          }
-      detail::bar_sync(1, T::kConsumers * 32);
+      auto meet = [] { detail::bar_sync(1, T::kConsumers * 32); };
+      swiglu_epilogue<T::kNT>(acc[0], xs, warp, T::kConsumers / 2, lane, at.j0 + a_row0, at.r0, y,
+                              at.n_out, n_rows, y_bf16, meet);
+      meet();
     } else {
 #pragma unroll
       for (int nt = 0; nt < T::kNT; ++nt)
