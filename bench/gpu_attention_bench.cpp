@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
     CK(cudaMemset(q, 0x3c, jobs * kHeads * kD * 4));
     CK(cudaMalloc(&out, jobs * kHeads * kD * 4));
     const size_t ws_floats = std::max<size_t>(1, cuda::attention_workspace_floats(jobs, shape));
-    const size_t split_floats = prompt ? 1 : jobs * kHeads * 128 * (kD + 2);
+    const size_t split_floats = prompt ? 1 : jobs * cuda::attention_workspace_floats(1, shape);
     CK(cudaMalloc(&ws, std::max(ws_floats, split_floats) * 4));
     std::vector<cuda::AttentionJob*> d_jobs(copies);
     double read = 0;  // K/V bytes the jobs read (each key once per job)

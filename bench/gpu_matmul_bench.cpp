@@ -57,12 +57,9 @@ struct Shape {
   const char* name;
   size_t n_in, n_out;
 };
-const Shape kShapes[] = {{"qo 4096->4096", 4096, 4096},
-                         {"qkv 4096->6144", 4096, 6144},
-                         {"up 4096->14336", 4096, 14336},
-                         {"gateup 4096->28672", 4096, 28672},
-                         {"down 14336->4096", 14336, 4096},
-                         {"head 4096->128256", 4096, 128256}};
+const Shape kShapes[] = {{"qo 4096->4096", 4096, 4096},     {"qkv 4096->6144", 4096, 6144},
+                         {"up 4096->14336", 4096, 14336},   {"gateup 4096->28672", 4096, 28672},
+                         {"down 14336->4096", 14336, 4096}, {"head 4096->128256", 4096, 128256}};
 
 struct Bufs {
   std::vector<uint16_t*> w;  // rotating copies
@@ -74,13 +71,16 @@ struct Bufs {
 // Int8 mode: matmul_q8 per weight type, shape and row count (weights of
 // random bytes: only the speed is measured). GB/s counts the weight bytes.
 void q8_bench(bool sweep, double copy_gbs) {
-  const Shape shapes[] = {{"kv 4096->1024", 4096, 1024}, {"qo 4096->4096", 4096, 4096},
-                          {"up 4096->14336", 4096, 14336}, {"down 14336->4096", 14336, 4096},
+  const Shape shapes[] = {{"kv 4096->1024", 4096, 1024},
+                          {"qo 4096->4096", 4096, 4096},
+                          {"up 4096->14336", 4096, 14336},
+                          {"down 14336->4096", 14336, 4096},
                           {"head 4096->128256", 4096, 128256}};
   const size_t row_counts[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
   const size_t max_rows = 256;
   std::printf("\n%-6s %-18s %4s %-9s %8s %6s %5s %8s %8s%s\n", "type", "shape", "rows", "variant",
-              "q8 us", "GB/s", "%HBM", "quant us", "gguf us", sweep ? "  | every variant (us)" : "");
+              "q8 us", "GB/s", "%HBM", "quant us", "gguf us",
+              sweep ? "  | every variant (us)" : "");
   for (DType t : {DType::Q4_K, DType::Q6_K})
     for (const Shape& s : shapes) {
       const size_t wbytes = row_bytes(t, s.n_in) * s.n_out;
@@ -103,8 +103,8 @@ void q8_bench(bool sweep, double copy_gbs) {
               if (cfg < 0)
                 cuda::matmul_q8(w[c], t, s.n_in, s.n_out, codes, d, dsum, rows, y, nullptr);
               else
-                cuda::q8::matmul_q8_with(static_cast<size_t>(cfg), w[c], t, s.n_in, s.n_out,
-                                         codes, d, dsum, rows, y, nullptr);
+                cuda::q8::matmul_q8_with(static_cast<size_t>(cfg), w[c], t, s.n_in, s.n_out, codes,
+                                         d, dsum, rows, y, nullptr);
             },
             cfg < 0 ? 15 : 5);
       };
@@ -246,7 +246,8 @@ int main(int argc, char** argv) {
           if (t < best) best = t, best_i = i;
           std::printf(" %s %.1f", c.name, t * 1e6);
         }
-        const size_t ch = cuda::tc::choose_config(s.n_in, s.n_out, rows, wgmma);
+        const size_t ch =
+            cuda::tc::choose_config(s.n_in, s.n_out, rows, wgmma, cuda::tc::device_sms());
         std::printf(" | best %s %.1fus %.0fGB/s %.0fTF; chosen %s\n", cuda::tc::config(best_i).name,
                     best * 1e6, bytes(rows) / best / 1e9, flops(rows) / best / 1e12,
                     cuda::tc::config(ch).name);
@@ -282,8 +283,11 @@ int main(int argc, char** argv) {
       std::snprintf(
           line, sizeof line,
           "%-18s %4zu %-10s %8.1f %6.0f %4.0f%% %6.1f %4.0f%% | %8.1f %6.0f %6.1f | %8.1f", s.name,
-          rows, cuda::tc::config(cuda::tc::choose_config(s.n_in, s.n_out, rows, wgmma)).name, t_tc * 1e6,
-          bytes(rows) / t_tc / 1e9, 100 * bytes(rows) / t_tc / 1e9 / copy_gbs,
+          rows,
+          cuda::tc::config(
+              cuda::tc::choose_config(s.n_in, s.n_out, rows, wgmma, cuda::tc::device_sms()))
+              .name,
+          t_tc * 1e6, bytes(rows) / t_tc / 1e9, 100 * bytes(rows) / t_tc / 1e9 / copy_gbs,
           flops(rows) / t_tc / 1e12, 100 * flops(rows) / t_tc / 1e12 / peak_tflops, t_bl * 1e6,
           bytes(rows) / t_bl / 1e9, flops(rows) / t_bl / 1e12, t_gg * 1e6);
       table.push_back(line);

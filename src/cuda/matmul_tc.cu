@@ -1073,7 +1073,20 @@ bool wgmma_available() {
   return yes;
 }
 
-size_t choose_config(size_t n_in, size_t n_out, size_t n_rows, bool wgmma) {
+size_t device_sms() {
+  static std::atomic<int> known[64];  // 0: not asked yet
+  int dev = 0;
+  FERRY_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= 0 && dev < 64 && known[dev].load(std::memory_order_relaxed) != 0)
+    return static_cast<size_t>(known[dev].load(std::memory_order_relaxed));
+  int sms = 0;
+  FERRY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  sms = std::max(sms, 1);
+  if (dev >= 0 && dev < 64) known[dev].store(sms, std::memory_order_relaxed);
+  return static_cast<size_t>(sms);
+}
+
+size_t choose_config(size_t n_in, size_t n_out, size_t n_rows, bool wgmma, size_t sms) {
   (void)n_in;
   constexpr size_t kMinCtas = 100;
   if (n_rows <= 8) {
@@ -1089,9 +1102,9 @@ size_t choose_config(size_t n_in, size_t n_out, size_t n_rows, bool wgmma) {
     // resident at once (two CTAs of F16x8s8, three of F16x8 per SM: o
     // 13.5 -> 10.7, down 35.2 -> 29.4, Q/K/V 15.5 -> 15.0), the wide ones
     // with F32x8's persistent CTAs (gate+up 58.6 -> 56.7, head 246.6 ->
-    // 238.6). (132: the H200's SMs; the choice never changes a bit.)
+    // 238.6).
     const size_t ctas64 = (n_out + 63) / 64, ctas32 = (n_out + 31) / 32;
-    const size_t ctas16 = (n_out + 15) / 16, sms = 132;
+    const size_t ctas16 = (n_out + 15) / 16;
     if (wgmma)
       return ctas16 <= 2 * sms ? 29 : ctas16 <= 3 * sms ? 27 : 28;  // F16x8s8, F16x8, F32x8
     if (ctas64 >= 1000) return 2;                                   // S64x8
@@ -1197,8 +1210,8 @@ void matmul_tc_many(std::span<const uint16_t* const> w, bool w_f16, size_t n_in,
   size_t total = 0;
   for (size_t n : n_out) total += n;
   const bool wgmma = tc::wgmma_available();
-  tc::matmul_tc_many_with(tc::choose_config(n_in, total, n_rows, wgmma), w, w_f16, n_in, n_out, x,
-                          n_rows, y, stream);
+  tc::matmul_tc_many_with(tc::choose_config(n_in, total, n_rows, wgmma, tc::device_sms()), w, w_f16,
+                          n_in, n_out, x, n_rows, y, stream);
 }
 
 namespace {
@@ -1212,12 +1225,13 @@ namespace {
 size_t swiglu_config(size_t n_in, size_t n_out, size_t n_rows) {
   constexpr size_t kS64x8 = 2, kS64x8k256 = 18, kF32x8 = 28;
   if (n_rows <= 8) {
-    const size_t cfg = tc::choose_config(n_in, 2 * n_out, n_rows, tc::wgmma_available());
+    const size_t cfg =
+        tc::choose_config(n_in, 2 * n_out, n_rows, tc::wgmma_available(), tc::device_sms());
     if (cfg == kF32x8) return kF32x8;
     return cfg == kS64x8 || cfg == kS64x8k256 ? kS64x8k256 : tc::n_configs();
   }
   if (n_rows <= tc::kWgmmaAboveRows || !tc::wgmma_available()) return tc::n_configs();
-  const size_t cfg = tc::choose_config(n_in, 2 * n_out, n_rows, true);
+  const size_t cfg = tc::choose_config(n_in, 2 * n_out, n_rows, true, tc::device_sms());
   if (tc::swiglu_variant(cfg)) return cfg;
   return tc::config(cfg).wgmma ? 24 : tc::n_configs();  // 24: W128x64
 }

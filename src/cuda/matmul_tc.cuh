@@ -70,8 +70,12 @@ size_t pick_tile(std::span<const RowRange> ranges, Config&& config, size_t n_out
 }
 
 // The variant matmul_tc uses for this shape (an index into config());
-// `wgmma`: whether the Hopper variants may be picked (wgmma_available()).
-size_t choose_config(size_t n_in, size_t n_out, size_t n_rows, bool wgmma);
+// `wgmma`: whether the Hopper variants may be picked (wgmma_available());
+// `sms`: the GPU's multiprocessors (device_sms(); the decode picks keep
+// every tile resident at once). Any choice computes the same bits.
+size_t choose_config(size_t n_in, size_t n_out, size_t n_rows, bool wgmma, size_t sms = 132);
+// The current device's multiprocessor count (cached per device).
+size_t device_sms();
 
 // matmul_tc / matmul_tc_many with the variant forced (same preconditions,
 // same results).
