@@ -241,7 +241,7 @@ int main(int argc, char** argv) {
         for (size_t i = 0; i < cuda::tc::n_configs(); ++i) {
           const auto& c = cuda::tc::config(i);
           if ((c.bn <= 32 && rows > 64) || (c.bn >= 64 && rows < 16)) continue;  // off-range
-          if (c.wgmma && !wgmma) continue;
+          if (c.sm90a && !wgmma) continue;
           const double t = tc(rows, static_cast<long>(i));
           if (t < best) best = t, best_i = i;
           std::printf(" %s %.1f", c.name, t * 1e6);

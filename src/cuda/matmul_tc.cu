@@ -1154,7 +1154,7 @@ void matmul_tc_many_with(size_t cfg, std::span<const uint16_t* const> w, bool w_
                          std::span<const size_t> n_out, const uint16_t* x, size_t n_rows,
                          std::span<float* const> y, cudaStream_t stream) {
   FERRY_CHECK(cfg < kN, "matmul_tc", "config ", cfg, " of ", kN);
-  FERRY_CHECK(!kTable.cfg[cfg].wgmma || w_f16 || wgmma_available(), "matmul_tc", "variant ",
+  FERRY_CHECK(!kTable.cfg[cfg].sm90a || w_f16 || wgmma_available(), "matmul_tc", "variant ",
               kTable.cfg[cfg].name, " needs a Hopper GPU (sm_90a)");
   FERRY_CHECK(
       !w.empty() && w.size() <= kMaxWeights && n_out.size() == w.size() && y.size() == w.size(),
@@ -1180,7 +1180,7 @@ void matmul_tc_swiglu_with(size_t cfg, const uint16_t* w_gate, const uint16_t* w
                            uint16_t* gate_bf16, cudaStream_t stream) {
   FERRY_CHECK(swiglu_variant(cfg), "matmul_tc_swiglu", "config ", cfg,
               " has no fused SwiGLU epilogue");
-  FERRY_CHECK(!kTable.cfg[cfg].wgmma || wgmma_available(), "matmul_tc_swiglu", "variant ",
+  FERRY_CHECK(!kTable.cfg[cfg].sm90a || wgmma_available(), "matmul_tc_swiglu", "variant ",
               kTable.cfg[cfg].name, " needs a Hopper GPU (sm_90a)");
   check_args(n_in, n_out, n_rows, w_gate, x);
   check_args(n_in, n_out, n_rows, w_up, x);
@@ -1233,7 +1233,7 @@ size_t swiglu_config(size_t n_in, size_t n_out, size_t n_rows) {
   if (n_rows <= tc::kWgmmaAboveRows || !tc::wgmma_available()) return tc::n_configs();
   const size_t cfg = tc::choose_config(n_in, 2 * n_out, n_rows, true, tc::device_sms());
   if (tc::swiglu_variant(cfg)) return cfg;
-  return tc::config(cfg).wgmma ? 24 : tc::n_configs();  // 24: W128x64
+  return tc::config(cfg).sm90a ? 24 : tc::n_configs();  // 24: W128x64
 }
 }  // namespace
 

@@ -25,8 +25,9 @@ struct TileConfig {
   int wm, wn;           // warps along bm and bn (warp tile (bm / wm) x (bn / wn))
   int bk;               // k per pipeline stage; multiple of 64
   int stages;           // pipeline stages in flight (cp.async; TMA for the wgmma variants)
-  bool wgmma = false;   // needs sm_90a (wgmma_available()): warpgroup mma (bm = 64 x
-                        // warpgroups (wm)), or a producer-fed tile (producers > 0)
+  bool sm90a = false;   // needs the sm_90a image (wgmma_available()): a warpgroup mma
+                        // tile (bm = 64 x warpgroups (wm)) or a producer-fed tile
+                        // (producers > 0)
   int producers = 0;    // producer-fed skinny tile: copying warps (wm consumer warps)
   bool swiglu = false;  // also runs matmul_tc_swiglu (the fused gate / up epilogue)
 };

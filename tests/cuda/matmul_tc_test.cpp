@@ -168,7 +168,7 @@ TEST(CudaTc, MatmulTcEveryVariantGivesTheSameBits) {
         const DeviceBuffer<uint16_t> d_x(x.bits);
         const auto want = run_tc(d_w, f16, s.n_in, s.n_out, d_x.get(), n_rows);
         for (size_t i = 0; i < cuda::tc::n_configs(); ++i) {
-          if (cuda::tc::config(i).wgmma && !f16 && !cuda::tc::wgmma_available()) continue;
+          if (cuda::tc::config(i).sm90a && !f16 && !cuda::tc::wgmma_available()) continue;
           const auto got =
               run_tc(d_w, f16, s.n_in, s.n_out, d_x.get(), n_rows, static_cast<int>(i));
           EXPECT_EQ(first_bit_diff(want, got.data(), want.size()), -1)
@@ -290,7 +290,7 @@ TEST(CudaTc, ManyWeightsInOneLaunchEqualSeparateCalls) {
     for (size_t i = 0; i < 3; ++i)
       alone.push_back(run_tc(*d_w[i], false, n_in, n_outs[i], d_x.get(), n_rows));
     for (size_t cfg = 0; cfg < cuda::tc::n_configs(); ++cfg) {
-      if (cuda::tc::config(cfg).wgmma && !cuda::tc::wgmma_available()) continue;
+      if (cuda::tc::config(cfg).sm90a && !cuda::tc::wgmma_available()) continue;
       constexpr size_t guard = 64;
       std::vector<std::unique_ptr<DeviceBuffer<float>>> d_y;
       const uint16_t* ws[3];
