@@ -71,6 +71,22 @@ namespace ferry::cuda {
 namespace tc {
 namespace {
 
+// A device property worked out once per device (ordinals 0-63; others
+// every time): `known` holds 0 until `compute(dev)` (never 0) is stored.
+template <class T, class Compute>
+T per_device(std::atomic<T> (&known)[64], Compute compute) {
+  int dev = 0;
+  FERRY_CUDA_CHECK(cudaGetDevice(&dev));
+  const bool cached = dev >= 0 && dev < 64;
+  if (cached) {
+    const T v = known[dev].load(std::memory_order_relaxed);
+    if (v != 0) return v;
+  }
+  const T v = compute(dev);
+  if (cached) known[dev].store(v, std::memory_order_relaxed);
+  return v;
+}
+
 using detail::bf2f;
 using detail::cp_async16;
 using detail::cp_async_commit;
@@ -886,18 +902,12 @@ struct FedVariant : SwigluLaunch<FedVariant<BM, BN, BK, STAGES, PW, kSwiglu>, BM
   template <class Kernel>
   static unsigned resident(Kernel kernel) {
     static std::atomic<unsigned> known[64];
-    int dev = 0;
-    FERRY_CUDA_CHECK(cudaGetDevice(&dev));
-    const bool cached = dev >= 0 && dev < 64;
-    if (cached && known[dev].load(std::memory_order_relaxed) != 0)
-      return known[dev].load(std::memory_order_relaxed);
-    int sms = 0, per_sm = 0;
-    FERRY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    FERRY_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, T::kThreads, T::kSmemBytes));
-    const unsigned n = static_cast<unsigned>(std::max(1, sms * per_sm));
-    if (cached) known[dev].store(n, std::memory_order_relaxed);
-    return n;
+    return per_device(known, [&](int) {
+      int per_sm = 0;
+      FERRY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, T::kThreads,
+                                                                     T::kSmemBytes));
+      return static_cast<unsigned>(std::max<size_t>(1, device_sms() * std::max(per_sm, 0)));
+    });
   }
 };
 
@@ -1059,31 +1069,23 @@ const TileConfig& config(size_t i) {
 // variant for the 8B shapes at rows 1..256 (2026-11-30; rows <= 8 re-picked
 // with dependent launch on 2026-12-01). Any choice computes the same bits.
 bool wgmma_available() {
-  static std::atomic<int> known[64];  // 0 unknown, 1 no, 2 yes
-  int dev = 0;
-  FERRY_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev >= 0 && dev < 64 && known[dev].load(std::memory_order_relaxed) != 0)
-    return known[dev].load(std::memory_order_relaxed) == 2;
-  // The kernel's image: sm_90a SASS reports PTX version 90; a JIT from the
-  // portable compute_80 PTX (any other GPU) reports 80.
-  cudaFuncAttributes attr{};
-  FERRY_CUDA_CHECK(cudaFuncGetAttributes(&attr, matmul_wg_kernel<1, 64, 8, false>));
-  const bool yes = attr.ptxVersion >= 90 && attr.binaryVersion == 90;
-  if (dev >= 0 && dev < 64) known[dev].store(yes ? 2 : 1, std::memory_order_relaxed);
-  return yes;
+  static std::atomic<int> known[64];  // 1 no, 2 yes
+  return per_device(known, [](int) {
+           // The kernel's image: sm_90a SASS reports PTX version 90; a JIT
+           // from the portable compute_80 PTX (any other GPU) reports 80.
+           cudaFuncAttributes attr{};
+           FERRY_CUDA_CHECK(cudaFuncGetAttributes(&attr, matmul_wg_kernel<1, 64, 8, false>));
+           return attr.ptxVersion >= 90 && attr.binaryVersion == 90 ? 2 : 1;
+         }) == 2;
 }
 
 size_t device_sms() {
-  static std::atomic<int> known[64];  // 0: not asked yet
-  int dev = 0;
-  FERRY_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev >= 0 && dev < 64 && known[dev].load(std::memory_order_relaxed) != 0)
-    return static_cast<size_t>(known[dev].load(std::memory_order_relaxed));
-  int sms = 0;
-  FERRY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  sms = std::max(sms, 1);
-  if (dev >= 0 && dev < 64) known[dev].store(sms, std::memory_order_relaxed);
-  return static_cast<size_t>(sms);
+  static std::atomic<int> known[64];
+  return static_cast<size_t>(per_device(known, [](int dev) {
+    int sms = 0;
+    FERRY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return std::max(sms, 1);
+  }));
 }
 
 size_t choose_config(size_t n_in, size_t n_out, size_t n_rows, bool wgmma, size_t sms) {

@@ -74,7 +74,7 @@ size_t pick_tile(std::span<const RowRange> ranges, Config&& config, size_t n_out
 // `wgmma`: whether the Hopper variants may be picked (wgmma_available());
 // `sms`: the GPU's multiprocessors (device_sms(); the decode picks keep
 // every tile resident at once). Any choice computes the same bits.
-size_t choose_config(size_t n_in, size_t n_out, size_t n_rows, bool wgmma, size_t sms = 132);
+size_t choose_config(size_t n_in, size_t n_out, size_t n_rows, bool wgmma, size_t sms);
 // The current device's multiprocessor count (cached per device).
 size_t device_sms();
 

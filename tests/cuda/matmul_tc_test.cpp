@@ -202,6 +202,9 @@ TEST(CudaTc, MatmulTcSpecialValuesStayInTheirOutputs) {
     }
 }
 
+// The H200's multiprocessors: the picks below were measured there.
+constexpr size_t kH200Sms = 132;
+
 // The variant table choose_config applies (host only): pins the picks
 // measured best on the H200 for Llama-3.1-8B's shapes (matmul_tc.cu), so a
 // change to the menu or the rule shows up here.
@@ -233,8 +236,9 @@ TEST(CudaTc, ChooseConfigPicksTheMeasuredVariants) {
                {4096, 1024, 32, "S16x16"},
                {4096, 1024, 64, "S32x16"}};
   for (const auto& c : cases)
-    EXPECT_STREQ(cuda::tc::config(cuda::tc::choose_config(c.n_in, c.n_out, c.n_rows, false)).name,
-                 c.want)
+    EXPECT_STREQ(
+        cuda::tc::config(cuda::tc::choose_config(c.n_in, c.n_out, c.n_rows, false, kH200Sms)).name,
+        c.want)
         << c.n_in << "->" << c.n_out << " rows=" << c.n_rows;
 }
 
@@ -255,9 +259,29 @@ TEST(CudaTc, ChooseConfigPicksTheMeasuredWgmmaVariants) {
                {14336, 4096, 512, "W128x128"},  {4096, 4096, 2048, "W128x256"},
                {4096, 128256, 8192, "W128x256"}};
   for (const auto& c : cases)
-    EXPECT_STREQ(cuda::tc::config(cuda::tc::choose_config(c.n_in, c.n_out, c.n_rows, true)).name,
-                 c.want)
+    EXPECT_STREQ(
+        cuda::tc::config(cuda::tc::choose_config(c.n_in, c.n_out, c.n_rows, true, kH200Sms)).name,
+        c.want)
         << c.n_in << "->" << c.n_out << " rows=" << c.n_rows;
+}
+
+// Decode steps on Hopper take the producer-fed tile whose CTAs all fit at
+// once on the device's SMs (two per SM of F16x8s8, three of F16x8, else
+// the persistent F32x8), so the pick follows the SM count: o (256 tiles of
+// 16 columns) takes F16x8s8 on 132 SMs, F16x8 on 114 (an H100 PCIe).
+TEST(CudaTc, ChooseConfigFitsDecodeTilesToTheSmCount) {
+  const struct {
+    size_t n_in, n_out, sms;
+    const char* want;
+  } cases[] = {{4096, 4096, 132, "F16x8s8"},  {4096, 4096, 114, "F16x8"},
+               {4096, 6144, 132, "F16x8"},    {4096, 6144, 114, "F32x8"},
+               {14336, 4096, 132, "F16x8s8"}, {4096, 28672, 132, "F32x8"}};
+  for (const auto& c : cases)
+    for (size_t rows : {1, 8})
+      EXPECT_STREQ(
+          cuda::tc::config(cuda::tc::choose_config(c.n_in, c.n_out, rows, true, c.sms)).name,
+          c.want)
+          << c.n_in << "->" << c.n_out << " sms=" << c.sms << " rows=" << rows;
 }
 
 TEST(CudaTc, MatmulTcRejectsBadShapes) {
