@@ -62,7 +62,7 @@ using Kind = kernels::KvFormat::Kind;
 
 constexpr int kWarps = 8;       // warps of attention_warp_kernel's blocks
 constexpr int kBlockWarps = 4;  // warps of attention_kernel's blocks
-constexpr int kVirtual = 128;  // virtual warps of the contract
+constexpr int kVirtual = 128;   // virtual warps of the contract
 
 // One side (K or V) of one kv head, with the plane pointers advanced to the head.
 struct SideView {
@@ -202,7 +202,9 @@ struct Keys {
     b1 = job.seg[1].begin;
     n = len0 + (job.seg[1].end - job.seg[1].begin);
   }
-  __device__ __forceinline__ size_t slot(size_t i) const { return i < len0 ? b0 + i : b1 + (i - len0); }
+  __device__ __forceinline__ size_t slot(size_t i) const {
+    return i < len0 ? b0 + i : b1 + (i - len0);
+  }
 };
 __device__ __forceinline__ size_t n_tiles(const Keys& k) {
   return (k.n + 31) / 32;
@@ -334,11 +336,11 @@ __device__ __forceinline__ void tile_core(const float* q_s, const SideView& K, c
 // The tile of keys from t0, read from the global planes.
 template <int kG, int kE, bool kAffine>
 __device__ __forceinline__ void tile(const float* q_s, const SideView& K, const SideView& V,
-                                     const Keys& keys, size_t t0, uint32_t D, float scale,
-                                     int lane, State<kG, kE, kAffine>& st) {
+                                     const Keys& keys, size_t t0, uint32_t D, float scale, int lane,
+                                     State<kG, kE, kAffine>& st) {
   const int nt = static_cast<int>(min(size_t{32}, keys.n - t0));
-  tile_core<kG, kE, kAffine>(q_s, K, V, [&](int i) { return keys.slot(t0 + i); }, nt, D, scale,
-                             lane, st);
+  tile_core<kG, kE, kAffine>(
+      q_s, K, V, [&](int i) { return keys.slot(t0 + i); }, nt, D, scale, lane, st);
 }
 
 // ---- staged tiles -------------------------------------------------------------
@@ -403,10 +405,14 @@ __device__ __forceinline__ void stage_plane(uint8_t* dst, uint32_t pitch, const 
   for (; r < static_cast<uint32_t>(nt);) {
     const uint8_t* src = p + row(static_cast<int>(r)) * unit + k * c;
     const uint32_t d = base + r * pitch + k * c;
-    if (c == 16) cp_async_ca<16>(d, src);
-    else if (c == 8) cp_async_ca<8>(d, src);
-    else if (c == 4) cp_async_ca<4>(d, src);
-    else *reinterpret_cast<uint16_t*>(dst + r * pitch + k * c) = static_cast<uint16_t>(ld_u16(src));
+    if (c == 16)
+      cp_async_ca<16>(d, src);
+    else if (c == 8)
+      cp_async_ca<8>(d, src);
+    else if (c == 4)
+      cp_async_ca<4>(d, src);
+    else
+      *reinterpret_cast<uint16_t*>(dst + r * pitch + k * c) = static_cast<uint16_t>(ld_u16(src));
     r += step_r;
     k += step_k;
     if (k >= per_row) {
@@ -418,8 +424,8 @@ __device__ __forceinline__ void stage_plane(uint8_t* dst, uint32_t pitch, const 
 
 // Issues the copies of the tile of keys from t0 (K and V, every plane).
 __device__ __forceinline__ void stage_tile(const Stage& sg, uint8_t* buf, const SideView& K,
-                                           const SideView& V, const Keys& keys, size_t t0,
-                                           int tid, int n_threads) {
+                                           const SideView& V, const Keys& keys, size_t t0, int tid,
+                                           int n_threads) {
   const int nt = static_cast<int>(min(size_t{32}, keys.n - t0));
   auto row = [&](int i) { return keys.slot(t0 + i); };
   for (int i = 0; i < 3; ++i) {
@@ -440,9 +446,9 @@ __device__ __forceinline__ void tile_staged(const float* q_s, const SideView& K,
   cp_async_wait_all();
   __syncwarp();
   const int nt = static_cast<int>(min(size_t{32}, keys.n - t0));
-  tile_core<kG, kE, kAffine>(q_s, sg.view(K, 0, buf), sg.view(V, 1, buf),
-                             [](int i) { return size_t(i); },
-                    nt, D, scale, lane, st);
+  tile_core<kG, kE, kAffine>(
+      q_s, sg.view(K, 0, buf), sg.view(V, 1, buf), [](int i) { return size_t(i); }, nt, D, scale,
+      lane, st);
   __syncwarp();  // every lane is done with the image before the next tile overwrites it
 }
 
@@ -456,8 +462,8 @@ __device__ __forceinline__ void store_out(const AttentionJob& job, size_t i, flo
 }
 
 template <int kG>
-__device__ __forceinline__ void load_query(float* q_s, const AttentionJob& job, uint32_t h0,
-                                           int gh, uint32_t D, uint32_t first, uint32_t step) {
+__device__ __forceinline__ void load_query(float* q_s, const AttentionJob& job, uint32_t h0, int gh,
+                                           uint32_t D, uint32_t first, uint32_t step) {
 #pragma unroll
   for (int h = 0; h < kG; ++h)
     for (uint32_t i = first; i < D; i += step)
@@ -582,8 +588,8 @@ __global__ void __launch_bounds__(kBlockWarps * 32, kMinBlocks)
 // (prefill), where attention_kernel leaves warps idle on short rows.
 template <int kG, int kE, bool kAffine>
 __global__ void __launch_bounds__(kWarps * 32, 2)
-    attention_warp_kernel(const AttentionJob* jobs, size_t n_jobs, uint32_t group_heads,
-                          uint32_t D, float scale) {
+    attention_warp_kernel(const AttentionJob* jobs, size_t n_jobs, uint32_t group_heads, uint32_t D,
+                          float scale) {
   extern __shared__ __align__(16) float smem[];
   detail::dependency_wait();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -650,8 +656,8 @@ __device__ __forceinline__ float* split_state(float* ws, size_t job, uint32_t he
 constexpr int kSplitHeads = 8;
 template <int kE, bool kAffine>
 __global__ void __launch_bounds__(kSplitHeads * 32, kAffine ? 2 : 4)
-    attention_split_kernel(const AttentionJob* jobs, uint32_t group_heads, uint32_t D,
-                           float scale, float* ws) {
+    attention_split_kernel(const AttentionJob* jobs, uint32_t group_heads, uint32_t D, float scale,
+                           float* ws) {
   extern __shared__ __align__(16) float smem[];
   detail::dependency_wait();
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
@@ -682,8 +688,9 @@ __global__ void __launch_bounds__(kSplitHeads * 32, kAffine ? 2 : 4)
     __syncthreads();
     const int nt = static_cast<int>(min(size_t{32}, jv.keys.n - t0));
     if (head)
-      tile_core<1, kE, kAffine>(q_s, sg.view(jv.k, 0, buf), sg.view(jv.v, 1, buf),
-                       [](int i) { return size_t(i); }, nt, D, scale, lane, st);
+      tile_core<1, kE, kAffine>(
+          q_s, sg.view(jv.k, 0, buf), sg.view(jv.v, 1, buf), [](int i) { return size_t(i); }, nt, D,
+          scale, lane, st);
     __syncthreads();  // the image is read before the next tile's copies
   }
   if (!head) return;
@@ -716,7 +723,8 @@ __global__ void __launch_bounds__(256)
   keys.init(job);
   const uint32_t h = blockIdx.y;
   const bool v_lane = d < D;
-  const uint32_t n_virtual = static_cast<uint32_t>(min(n_tiles(keys), static_cast<size_t>(kVirtual)));
+  const uint32_t n_virtual =
+      static_cast<uint32_t>(min(n_tiles(keys), static_cast<size_t>(kVirtual)));
   const float* base = split_state(const_cast<float*>(ws), blockIdx.x, h, gridDim.y, 0, D);
   const size_t pitch = D + 2;
   if (n_virtual == 0) {  // a job without keys writes zeros
@@ -825,25 +833,25 @@ constexpr int kTcHeads = 4;
 constexpr int kTcWarps = 4;  // warps of the per-warp tc kernel's blocks
 
 // One tile's image for head_dim D. Dense: K and V as 16-bit matrices
-// [32 keys][D]. Affine: K's codes as stored (raw rows at a padded pitch),
-// V's codes raw and then converted to exact bf16 [32][D], and the scale and
-// bias planes of both, raw f16 [32][D / 32]. In the 16-bit matrices,
-// 16-byte chunk c of row r sits at chunk k_at / v_at(c, r) so that the
-// fragment loads hit distinct banks (K: 16 bytes per lane from two rows per
-// 8-lane phase; V: ldmatrix, eight rows of one chunk).
+// [32 keys][D]; 16-byte chunk c of row r sits at chunk k_at / v_at(c, r)
+// so that the fragment loads hit distinct banks (K: 16 bytes per lane from
+// two rows per 8-lane phase; V: ldmatrix, eight rows of one chunk).
+// Affine: K's and V's codes as stored (raw rows at a padded pitch), and
+// the scale and bias planes of both, raw f16 [32][D / 32]; tc_tile turns
+// the codes into bf16 fragments in registers (K: image_codes, V: v_codes).
 template <int D, int F>
 struct TcImage {
   static constexpr bool kAff = tc_aff(F);
   static constexpr uint32_t kRow = 2 * D, kChunks = D / 8, kGroups = D / 32;
-  // Affine K codes' pitch: 16 (4-bit) or 32 (8-bit) bytes past the row so
-  // the lanes' 4- or 8-byte reads of eight rows hit distinct banks.
-  static constexpr uint32_t kKPitch =
-      kAff ? D * tc_bits(F) / 8 + (tc_bits(F) == 4 ? 16 : 32) : kRow;
-  static constexpr uint32_t kVPitch = kAff ? D * tc_bits(F) / 8 : kRow;  // raw affine V codes
-  static constexpr uint32_t kK = 0;                                      // dense K / affine K codes
-  static constexpr uint32_t kVraw = kAff ? 32 * kKPitch : 0;             // affine V codes
-  static constexpr uint32_t kV = kAff ? kVraw + 32 * kVPitch : 32 * kRow;  // V as 16-bit
-  static constexpr uint32_t kSb = kV + 32 * kRow;
+  // Affine codes per key, and their pitches: K 16 (4-bit) or 32 (8-bit)
+  // bytes past the row so the lanes' 4- or 8-byte reads of eight rows hit
+  // distinct banks; V 16 past it so ldmatrix's eight rows of 16 bytes do.
+  static constexpr uint32_t kCodes = kAff ? D * tc_bits(F) / 8 : 0;
+  static constexpr uint32_t kKPitch = kAff ? kCodes + (tc_bits(F) == 4 ? 16 : 32) : kRow;
+  static constexpr uint32_t kVPitch = kAff ? kCodes + 16 : kRow;
+  static constexpr uint32_t kK = 0;                   // dense K / affine K codes
+  static constexpr uint32_t kV = 32 * kKPitch;        // dense V / affine V codes
+  static constexpr uint32_t kSb = kV + 32 * kVPitch;  // affine scales and biases
   static constexpr uint32_t kSbPlane = 32 * kGroups * 2;
   static constexpr uint32_t kBytes =
       kSb + (kAff ? 4 * kSbPlane : 0);  // K scale, K bias, V scale, V bias
@@ -930,11 +938,29 @@ __device__ __forceinline__ uint4 image_codes(uint32_t row_addr, uint32_t e0, int
   return codes_to_bf16(w.x, w.y, 8);
 }
 
+// The codes at unit position s of a transposed pair of 16-bit units
+// (ldmatrix: keys 2c and 2c + 1 in the low and high half) as two exact
+// bf16 values: 4-bit codes s of each unit, 8-bit bytes s.
+template <int kBits>
+__device__ __forceinline__ uint32_t v_codes(uint32_t r, int s) {
+  if constexpr (kBits == 4) {
+    const uint32_t v = ((r >> (4 * s)) & 0x000f000fu) | 0x43004300u;  // 128 + c, as above
+    const __nv_bfloat162 d = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&v),
+                                     __floats2bfloat162_rn(128.0f, 128.0f));
+    return *reinterpret_cast<const uint32_t*>(&d);
+  } else {
+    const __nv_bfloat162 d = __floats2bfloat162_rn(code_to_float((r >> (8 * s)) & 0xffu),
+                                                   code_to_float((r >> (8 * s + 16)) & 0xffu));
+    return *reinterpret_cast<const uint32_t*>(&d);
+  }
+}
+
 // Issues the copies of the tile of keys from t0 into the image (threads
 // tid, tid + n_threads, ...; every plane by cp.async, stage_plane): dense
 // K and V into their 16-bit matrices; affine codes and scale/bias planes
-// raw. V's rows past the tile's keys become zeros (p = 0 there must meet
-// finite values). Affine V then needs tc_convert_v after the copies land.
+// raw. Rows past the tile's keys meet p = 0, so they must hold finite
+// values: dense V's become zeros, and so do affine V's scales and biases
+// (any code is finite).
 template <int D, int F>
 __device__ __forceinline__ void tc_stage(uint32_t img, uint8_t* img_ptr, const JobView& jv,
                                          size_t t0, int tid, int n_threads) {
@@ -971,32 +997,48 @@ __device__ __forceinline__ void tc_stage(uint32_t img, uint8_t* img_ptr, const J
       }
     }
   } else {
-    stage_plane(img_ptr + Img::kK, Img::kKPitch, K.p[0], K.unit[0], nt, slot, tid, n_threads);
-    stage_plane(img_ptr + Img::kVraw, Img::kVPitch, V.p[0], V.unit[0], nt, slot, tid, n_threads);
-    for (int pl = 0; pl < 4; ++pl) {
-      const SideView& s = pl < 2 ? K : V;
-      stage_plane(img_ptr + Img::kSb + pl * Img::kSbPlane, 2 * Img::kGroups, s.p[1 + pl % 2],
-                  s.unit[1 + pl % 2], nt, slot, tid, n_threads);
+    // Codes in 16-byte chunks and scales and biases a key's row at a time,
+    // with the sizes known here, where the planes are aligned for them (any
+    // cache the KV layer allocates); else stage_plane's general copies.
+    constexpr uint32_t kCC = Img::kCodes / 16, kSU = 2 * D / tc_group(F);
+    auto bits = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+    const bool fast =
+        kSU >= 4 && K.unit[0] == Img::kCodes && V.unit[0] == Img::kCodes && K.unit[1] == kSU &&
+        K.unit[2] == kSU && V.unit[1] == kSU && V.unit[2] == kSU &&
+        ((bits(K.p[0]) | bits(V.p[0])) & 15) == 0 &&
+        ((bits(K.p[1]) | bits(K.p[2]) | bits(V.p[1]) | bits(V.p[2])) & (kSU - 1)) == 0;
+    if constexpr (kSU >= 4) {
+      if (fast) {
+        for (uint32_t i = tid; i < nt * kCC; i += n_threads) {
+          const uint32_t r = i / kCC, c = i % kCC;
+          const size_t j = slot(static_cast<int>(r));
+          cp_async_ca<16>(img + Img::kK + r * Img::kKPitch + 16 * c,
+                          K.p[0] + j * kCC * 16 + 16 * c);
+          cp_async_ca<16>(img + Img::kV + r * Img::kVPitch + 16 * c,
+                          V.p[0] + j * kCC * 16 + 16 * c);
+        }
+        for (uint32_t r = tid; r < static_cast<uint32_t>(nt); r += n_threads) {
+          const size_t j = slot(static_cast<int>(r));
+#pragma unroll
+          for (int pl = 0; pl < 4; ++pl) {
+            const SideView& s = pl < 2 ? K : V;
+            cp_async_ca<kSU>(img + Img::sb_at(pl, r, 0), s.p[1 + pl % 2] + j * kSU);
+          }
+        }
+      }
     }
-    for (uint32_t i = nt * C + tid; i < 32 * C; i += n_threads)
-      sts128(img + Img::v_at(i / C, i % C), make_uint4(0, 0, 0, 0));
+    if (!fast) {
+      stage_plane(img_ptr + Img::kK, Img::kKPitch, K.p[0], K.unit[0], nt, slot, tid, n_threads);
+      stage_plane(img_ptr + Img::kV, Img::kVPitch, V.p[0], V.unit[0], nt, slot, tid, n_threads);
+      for (int pl = 0; pl < 4; ++pl) {
+        const SideView& s = pl < 2 ? K : V;
+        stage_plane(img_ptr + Img::kSb + pl * Img::kSbPlane, 2 * Img::kGroups, s.p[1 + pl % 2],
+                    s.unit[1 + pl % 2], nt, slot, tid, n_threads);
+      }
+    }
     for (uint32_t i = nt * Img::kGroups + tid; i < 32 * Img::kGroups; i += n_threads) {
       sts16(img + Img::sb_at(2, i / Img::kGroups, i % Img::kGroups), 0);
       sts16(img + Img::sb_at(3, i / Img::kGroups, i % Img::kGroups), 0);
-    }
-  }
-}
-
-// Affine V's staged codes (rows [0, nt)) into the bf16 matrix.
-template <int D, int F>
-__device__ __forceinline__ void tc_convert_v(uint32_t img, int nt, int tid, int n_threads) {
-  using Img = TcImage<D, F>;
-  if constexpr (tc_aff(F)) {
-    constexpr uint32_t C = Img::kChunks;
-    for (uint32_t i = tid; i < nt * C; i += n_threads) {
-      const uint32_t r = i / C, c = i % C;
-      sts128(img + Img::v_at(r, c),
-             image_codes(img + Img::kVraw + r * Img::kVPitch, 8 * c, tc_bits(F)));
     }
   }
 }
@@ -1249,7 +1291,7 @@ __device__ __forceinline__ void tc_tile(uint32_t img, const uint4* qf, const TcQ
   constexpr int vpg = tc_aff(F) ? tc_group(F) / 16 : D / 16;  // n-tile pairs per V group
 #pragma unroll
   for (int ks = 0; ks < 2; ++ks) {
-    uint32_t a[4];
+    uint32_t a[4], raw[4];
     const uint32_t key = 16 * ks + ((mat & 1) << 3) + mrow;
 #pragma unroll
     for (int jp = 0; jp < D / 16; ++jp) {
@@ -1270,7 +1312,23 @@ __device__ __forceinline__ void tc_tile(uint32_t img, const uint4* qf, const TcQ
         a_frag<AF>(x0, x1, upper, a);
       }
       uint32_t b0, b1, b2, b3;
-      ldsm_x4_trans(img + Img::v_at(key, 2 * jp + (mat >> 1)), b0, b1, b2, b3);
+      if constexpr (tc_aff(F)) {
+        // The codes of 16-byte chunks 2 (jp / U), + 1 (U dims per 16-bit
+        // unit), transposed: raw[2 h + k] holds, for chunk h of the pair
+        // and keys 2c, 2c + 1 (+ 8 k), unit g (dims U g .. U g + U - 1);
+        // n tile j is the chunk's dims U n + j % U (tc_dim).
+        constexpr int U = 16 / tc_bits(F);
+        if (jp % U == 0)
+          ldsm_x4_trans(img + Img::kV + key * Img::kVPitch + 16 * (2 * (jp / U) + (mat >> 1)),
+                        raw[0], raw[1], raw[2], raw[3]);
+        const int h = (2 * jp / U) % 2, s = 2 * jp % U;
+        b0 = v_codes<tc_bits(F)>(raw[2 * h], s);
+        b1 = v_codes<tc_bits(F)>(raw[2 * h + 1], s);
+        b2 = v_codes<tc_bits(F)>(raw[2 * h], s + 1);
+        b3 = v_codes<tc_bits(F)>(raw[2 * h + 1], s + 1);
+      } else {
+        ldsm_x4_trans(img + Img::v_at(key, 2 * jp + (mat >> 1)), b0, b1, b2, b3);
+      }
       tc_mma<AF>(st.o[2 * jp], a, b0, b1);
       tc_mma<AF>(st.o[2 * jp + 1], a, b2, b3);
     }
@@ -1326,8 +1384,18 @@ __device__ __forceinline__ void tc_fold(TcOut<D>& run, const TcOut<D>& st) {
 }
 
 // Dim of a closed state's o[i] for lane (g, c).
+template <int F>
 __device__ __forceinline__ uint32_t tc_dim(int i, int c) {
-  return 8 * (i / 2) + 2 * c + (i % 2);
+  const int j = i / 2, n = 2 * c + i % 2;  // n tile and column
+  if constexpr (tc_aff(F)) {
+    // Affine V (tc_tile): dims U n + j % U of 16-byte chunk j / U, which
+    // lies in the group that dims 8 j .. 8 j + 7 would (so vb's index and
+    // the A operand's scales are those of the dense layout).
+    constexpr int U = 16 / tc_bits(F);
+    return 8 * U * (j / U) + U * n + j % U;
+  } else {
+    return 8 * j + n;
+  }
 }
 
 // Stages the tile of keys from t0 and waits until it is ready for tc_tile
@@ -1344,13 +1412,6 @@ __device__ __forceinline__ int tc_load(uint32_t img, const JobView& jv, size_t t
     __syncthreads();
   else
     __syncwarp();
-  if constexpr (tc_aff(F)) {
-    tc_convert_v<D, F>(img, nt, tid, n_threads);
-    if constexpr (kBlock)
-      __syncthreads();
-    else
-      __syncwarp();
-  }
   return nt;
 }
 
@@ -1435,13 +1496,14 @@ __global__ void __launch_bounds__(kBlockWarps * 32, kMinBlocks)
             l_s[g] = out.l;
           }
 #pragma unroll
-          for (int i = 0; i < D / 4; ++i) acc[tc_dim(i, c)] = out.o[i];
+          for (int i = 0; i < D / 4; ++i) acc[tc_dim<F>(i, c)] = out.o[i];
         } else {
           float mm, a, b;
           fold_weights(m_s[g], out.m, mm, a, b);
 #pragma unroll
           for (int i = 0; i < D / 4; ++i)
-            acc[tc_dim(i, c)] = __fadd_rn(__fmul_rn(acc[tc_dim(i, c)], a), __fmul_rn(out.o[i], b));
+            acc[tc_dim<F>(i, c)] =
+                __fadd_rn(__fmul_rn(acc[tc_dim<F>(i, c)], a), __fmul_rn(out.o[i], b));
           __syncwarp((1u << (4 * gh)) - 1);  // every row's lanes read m_s before c == 0 rewrites it
           if (c == 0) {
             m_s[g] = mm;
@@ -1505,7 +1567,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, 2)
   const size_t o = size_t{h0 + g} * D;
 #pragma unroll
   for (int i = 0; i < D / 4; ++i)
-    store_out(job, o + tc_dim(i, c), n_virtual > 0 ? __fmul_rn(run.o[i], inv) : 0.0f);
+    store_out(job, o + tc_dim<F>(i, c), n_virtual > 0 ? __fmul_rn(run.o[i], inv) : 0.0f);
 }
 
 // Split tc kernel: block (job, kv head, chunk of kSplitHeads heads *
@@ -1555,7 +1617,7 @@ __global__ void __launch_bounds__(kSplitHeads / kTcHeads * 32)
     o[1] = out.l;
   }
 #pragma unroll
-  for (int i = 0; i < D / 4; ++i) o[2 + tc_dim(i, c)] = out.o[i];
+  for (int i = 0; i < D / 4; ++i) o[2 + tc_dim<F>(i, c)] = out.o[i];
 }
 
 template <int D, int F>
