@@ -8,7 +8,8 @@
 // cache (>= 256 MB) that L2 cannot hold them, as a model's other layers
 // would evict it. GB/s counts the K/V bytes the jobs read, once.
 //   gpu_attention_bench [KV JOBS CTX]   (one case only, e.g. for a profiler:
-//                                        q4g64 1 4096)
+//                                        q4g64 1 4096; and the KV write of
+//                                        JOBS tokens)
 // Built with -DFERRY_CUDA=ON (tests/CMakeLists.txt); needs a GPU.
 #include <cuda_runtime.h>
 
@@ -158,12 +159,42 @@ int main(int argc, char** argv) {
     CK(cudaFree(out));
     CK(cudaFree(ws));
   };
+  // kv_store: one step's tokens written into a cache of 4096 slots.
+  auto run_store = [&](const KvFormat& f, size_t tokens) {
+    Side k(f, 1, 4096), v(f, 1, 4096);
+    float *src_k = nullptr, *src_v = nullptr;
+    CK(cudaMalloc(&src_k, tokens * kKvHeads * kD * 4));
+    CK(cudaMalloc(&src_v, tokens * kKvHeads * kD * 4));
+    CK(cudaMemset(src_k, 0x3c, tokens * kKvHeads * kD * 4));
+    CK(cudaMemset(src_v, 0x3d, tokens * kKvHeads * kD * 4));
+    std::vector<cuda::KvWrite> host(tokens);
+    for (size_t t = 0; t < tokens; ++t) {
+      host[t].k = k.side(0, 4096);
+      host[t].v = v.side(0, 4096);
+      host[t].slot = static_cast<uint32_t>(t);
+      host[t].token = static_cast<uint32_t>(t);
+    }
+    cuda::KvWrite* d = nullptr;
+    CK(cudaMalloc(&d, tokens * sizeof(cuda::KvWrite)));
+    CK(cudaMemcpy(d, host.data(), tokens * sizeof(cuda::KvWrite), cudaMemcpyHostToDevice));
+    const double t = time_launches(
+        [&](size_t) { cuda::kv_store(d, tokens, kKvHeads, kD, src_k, src_v, nullptr); }, 9);
+    std::printf("%-6s %6zu %9.1f\n", f.name().c_str(), tokens, t * 1e6);
+    k.free();
+    v.free();
+    CK(cudaFree(src_k));
+    CK(cudaFree(src_v));
+    CK(cudaFree(d));
+  };
   using V = cuda::AttentionVariant;
   std::printf("\n%-6s %5s %6s %-6s %9s %7s\n", "kv", "jobs", "ctx", "kernel", "us", "GB/s");
   if (!only_kv.empty()) {  // the case asked for, any context
     for (const KvFormat& f : formats)
-      if (f.name() == only_kv)
+      if (f.name() == only_kv) {
         run_case(f, only_jobs, only_ctx, 0, {V::Auto, V::PerBlock, V::PerWarp, V::Split});
+        std::printf("\n%-6s %6s %9s\n", "kv", "tokens", "store us");
+        run_store(f, only_jobs);  // (a step of that many tokens)
+      }
     return 0;
   }
   for (const KvFormat& f : formats)
@@ -178,34 +209,8 @@ int main(int argc, char** argv) {
   for (const KvFormat& f : {KvFormat::bf16(), KvFormat::affine(4, 64)})
     for (size_t prompts : {17, 44}) run_case(f, prompts, 128, 128, {V::PerWarp, V::PerBlock});
 
-  // kv_store: one step's tokens written into a cache of 4096 slots.
   std::printf("\n%-6s %6s %9s\n", "kv", "tokens", "store us");
   for (const KvFormat& f : formats)
-    for (size_t tokens : {1, 64, 512}) {
-      Side k(f, 1, 4096), v(f, 1, 4096);
-      float *src_k = nullptr, *src_v = nullptr;
-      CK(cudaMalloc(&src_k, tokens * kKvHeads * kD * 4));
-      CK(cudaMalloc(&src_v, tokens * kKvHeads * kD * 4));
-      CK(cudaMemset(src_k, 0x3c, tokens * kKvHeads * kD * 4));
-      CK(cudaMemset(src_v, 0x3d, tokens * kKvHeads * kD * 4));
-      std::vector<cuda::KvWrite> host(tokens);
-      for (size_t t = 0; t < tokens; ++t) {
-        host[t].k = k.side(0, 4096);
-        host[t].v = v.side(0, 4096);
-        host[t].slot = static_cast<uint32_t>(t);
-        host[t].token = static_cast<uint32_t>(t);
-      }
-      cuda::KvWrite* d = nullptr;
-      CK(cudaMalloc(&d, tokens * sizeof(cuda::KvWrite)));
-      CK(cudaMemcpy(d, host.data(), tokens * sizeof(cuda::KvWrite), cudaMemcpyHostToDevice));
-      const double t = time_launches(
-          [&](size_t) { cuda::kv_store(d, tokens, kKvHeads, kD, src_k, src_v, nullptr); }, 9);
-      std::printf("%-6s %6zu %9.1f\n", f.name().c_str(), tokens, t * 1e6);
-      k.free();
-      v.free();
-      CK(cudaFree(src_k));
-      CK(cudaFree(src_v));
-      CK(cudaFree(d));
-    }
+    for (size_t tokens : {1, 64, 512}) run_store(f, tokens);
   return 0;
 }

@@ -26,32 +26,38 @@ __device__ __forceinline__ float std_min(float a, float b) {
   return b < a ? b : a;
 }
 
-// One group of `group` values of x quantized as affine_quantize does, by
-// one warp. The CPU scans the group in order with std::max / std::min, which
-// keeps the first of equal extremes (-0 against +0) and never takes a NaN
-// (the scan starts at -inf / +inf): an associative choice, so each lane
-// scanning a contiguous run in order and the runs combined lowest lane
-// first (shfl_down halving) gives the same bits. Every lane then derives
-// scale and bias alike and encodes its own bytes.
-__device__ void affine_group(const float* v, int group, int bits, uint8_t* codes,
-                             uint8_t* scale_out, uint8_t* bias_out, int lane) {
-  const float n_bins = static_cast<float>((1 << bits) - 1);
+// One group of kGroup values of x quantized as affine_quantize does, by
+// one warp, lane l holding values E l .. E l + E - 1 (E = kGroup / 32) in
+// registers. The CPU scans the group in order with std::max / std::min,
+// which keeps the first of equal extremes (-0 against +0) and never takes a
+// NaN (the scan starts at -inf / +inf): an associative choice, so each lane
+// scanning its run in order and the runs then combined pairwise, the lower
+// run first, gives the same bits; the butterfly leaves the result in every
+// lane. Every lane then derives scale and bias alike and encodes its own
+// values. (bits and group are template arguments: the loops unroll and no
+// integer division runs, so the warp's chain is about 150 instructions.)
+template <int kBits, int kGroup>
+__device__ void affine_group(const float* v, uint8_t* codes, uint8_t* scale_out, uint8_t* bias_out,
+                             int lane) {
+  constexpr int E = kGroup / 32;
+  constexpr float n_bins = static_cast<float>((1 << kBits) - 1);
+  float x[E];
+#pragma unroll
+  for (int i = 0; i < E; ++i) x[i] = v[E * lane + i];
   float w_min = __int_as_float(0x7f800000), w_max = -w_min;
-  const int per_lane = (group + 31) / 32;
-  for (int i = lane * per_lane; i < min(group, (lane + 1) * per_lane); ++i) {
-    w_max = std_max(w_max, v[i]);
-    w_min = std_min(w_min, v[i]);
+#pragma unroll
+  for (int i = 0; i < E; ++i) {
+    w_max = std_max(w_max, x[i]);
+    w_min = std_min(w_min, x[i]);
   }
+#pragma unroll
   for (int s = 1; s < 32; s *= 2) {
-    const float hi = __shfl_down_sync(0xffffffffu, w_max, s);
-    const float lo = __shfl_down_sync(0xffffffffu, w_min, s);
-    if (lane % (2 * s) == 0 && lane + s < 32) {
-      w_max = std_max(w_max, hi);
-      w_min = std_min(w_min, lo);
-    }
+    const float o_max = __shfl_xor_sync(0xffffffffu, w_max, s);
+    const float o_min = __shfl_xor_sync(0xffffffffu, w_min, s);
+    const bool first = (lane & s) == 0;  // this lane's runs come before the other's
+    w_max = first ? std_max(w_max, o_max) : std_max(o_max, w_max);
+    w_min = first ? std_min(w_min, o_min) : std_min(o_min, w_min);
   }
-  w_max = __shfl_sync(0xffffffffu, w_max, 0);
-  w_min = __shfl_sync(0xffffffffu, w_min, 0);
   const bool min_edge = fabsf(w_min) > fabsf(w_max);
   float scale = std_max(__fdiv_rn(__fsub_rn(w_max, w_min), n_bins), 1e-7f);
   if (!min_edge) scale = -scale;
@@ -66,18 +72,40 @@ __device__ void affine_group(const float* v, int group, int bits, uint8_t* codes
     store_u16(scale_out, f2h(scale));
     store_u16(bias_out, f2h(bias));
   }
+  uint32_t c[E];
+#pragma unroll
+  for (int i = 0; i < E; ++i) {
+    float q = rintf(__fdiv_rn(__fsub_rn(x[i], bias), scale));
+    q = isnan(q) ? 0.0f : std_min(std_max(q, 0.0f), n_bins);
+    c[i] = static_cast<uint32_t>(q);
+  }
   // Codes packed little-endian: 8-bit codes are consecutive bytes; 4-bit
   // codes pair up in a byte, the even element in the low nibble.
-  const int per_byte = 8 / bits;
-  for (int b = lane; b < group / per_byte; b += 32) {
-    uint32_t byte = 0;
-    for (int k = 0; k < per_byte; ++k) {
-      float q = rintf(__fdiv_rn(__fsub_rn(v[b * per_byte + k], bias), scale));
-      q = isnan(q) ? 0.0f : std_min(std_max(q, 0.0f), n_bins);
-      byte |= static_cast<uint32_t>(q) << (k * bits);
-    }
-    codes[b] = static_cast<uint8_t>(byte);
+  if constexpr (kBits == 8) {
+#pragma unroll
+    for (int i = 0; i < E; ++i) codes[E * lane + i] = static_cast<uint8_t>(c[i]);
+  } else if constexpr (E == 1) {
+    const uint32_t odd = __shfl_down_sync(0xffffffffu, c[0], 1);
+    if (lane % 2 == 0) codes[lane / 2] = static_cast<uint8_t>(c[0] | odd << 4);
+  } else {
+#pragma unroll
+    for (int i = 0; i < E; i += 2)
+      codes[(E * lane + i) / 2] = static_cast<uint8_t>(c[i] | c[i + 1] << 4);
   }
+}
+
+// f.template operator()<bits, group>() for a valid affine format (4 or 8
+// bits, groups of 32, 64 or 128: kernels::KvFormat checks).
+template <class F>
+__device__ __forceinline__ void with_affine(int bits, int group, F&& f) {
+  if (bits == 4) {
+    if (group == 32) return f.template operator()<4, 32>();
+    if (group == 64) return f.template operator()<4, 64>();
+    return f.template operator()<4, 128>();
+  }
+  if (group == 32) return f.template operator()<8, 32>();
+  if (group == 64) return f.template operator()<8, 64>();
+  f.template operator()<8, 128>();
 }
 
 // Block (write, kv head, side): side 0 is K, 1 is V.
@@ -105,9 +133,11 @@ __global__ void __launch_bounds__(kThreads)
     uint8_t* bi = const_cast<uint8_t*>(side.plane[2]) + h * side.head_stride[2] +
                   size_t{wr.slot} * side.unit[2];
     // A warp per group (the block's warps take groups w, w + kThreads / 32, ...).
-    for (uint32_t g = threadIdx.x / 32; g < D / group; g += kThreads / 32)
-      affine_group(src + g * group, group, bits, p0 + g * group * bits / 8, sc + 2 * g, bi + 2 * g,
-                   static_cast<int>(threadIdx.x % 32));
+    with_affine(bits, group, [&]<int kBits, int kGroup>() {
+      for (uint32_t g = threadIdx.x / 32; g < D / kGroup; g += kThreads / 32)
+        affine_group<kBits, kGroup>(src + g * kGroup, p0 + g * kGroup * kBits / 8, sc + 2 * g,
+                                    bi + 2 * g, static_cast<int>(threadIdx.x % 32));
+    });
   }
 }
 
@@ -116,10 +146,9 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(256) kv_copy_kernel(const KvCopy* copies) {
   dependency_wait();
   const KvCopy c = copies[blockIdx.x];
-  const bool wide =
-      ((reinterpret_cast<uintptr_t>(c.dst) | reinterpret_cast<uintptr_t>(c.src) | c.dpitch |
-        c.spitch | c.width) &
-       15u) == 0;
+  const bool wide = ((reinterpret_cast<uintptr_t>(c.dst) | reinterpret_cast<uintptr_t>(c.src) |
+                      c.dpitch | c.spitch | c.width) &
+                     15u) == 0;
   for (uint32_t r = blockIdx.y; r < c.height; r += gridDim.y) {
     uint8_t* d = c.dst + r * c.dpitch;
     const uint8_t* s = c.src + r * c.spitch;

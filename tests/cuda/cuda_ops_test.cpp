@@ -14,8 +14,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <limits>
 #include <cstring>
+#include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -367,10 +368,11 @@ TEST(CudaOps, MatmulGgufRowIsBatchInvariant) {
 
 // ---- kv_store ----------------------------------------------------------------
 
-const KvFormat kKvFormats[] = {KvFormat::f32(),         KvFormat::f16(),
-                               KvFormat::bf16(),        KvFormat::affine(8, 32),
-                               KvFormat::affine(4, 64), KvFormat::affine(4, 32),
-                               KvFormat::affine(8, 128)};
+// (Every affine family: kv_store compiles one quantizer per bits and group.)
+const KvFormat kKvFormats[] = {
+    KvFormat::f32(),          KvFormat::f16(),         KvFormat::bf16(),
+    KvFormat::affine(8, 32),  KvFormat::affine(4, 64), KvFormat::affine(4, 32),
+    KvFormat::affine(8, 128), KvFormat::affine(8, 64), KvFormat::affine(4, 128)};
 
 // Token rows with the affine codec's edge cases mixed in: a constant group, a
 // zero group, a group whose edge is its (negative) minimum, tiny values.
@@ -482,9 +484,12 @@ struct JobSpec {
 
 // Runs jobs on the GPU; returns out [n_jobs, n_heads, D]. Even jobs also
 // ask for the output's bf16 copy, checked against f32_to_bf16 of out.
+// k and v: other device planes of the fixture's cache (its own when null).
 std::vector<float> gpu_attention(const AttnFixture& f, const std::vector<JobSpec>& specs,
                                  const std::vector<float>& q,
-                                 cuda::AttentionVariant variant = cuda::AttentionVariant::Auto) {
+                                 cuda::AttentionVariant variant = cuda::AttentionVariant::Auto,
+                                 const kernels::KvSide* k = nullptr,
+                                 const kernels::KvSide* v = nullptr) {
   const size_t per = f.c.n_heads * f.c.D;
   DeviceBuffer<float> d_q(q), d_out(specs.size() * per);
   DeviceBuffer<uint16_t> d_b(specs.size() * per);
@@ -495,8 +500,8 @@ std::vector<float> gpu_attention(const AttnFixture& f, const std::vector<JobSpec
     jobs[i].q = d_q.get() + i * per;
     jobs[i].out = d_out.get() + i * per;
     jobs[i].out_bf16 = i % 2 == 0 ? d_b.get() + i * per : nullptr;
-    jobs[i].k = f.K.side(true);
-    jobs[i].v = f.V.side(true);
+    jobs[i].k = k ? *k : f.K.side(true);
+    jobs[i].v = v ? *v : f.V.side(true);
     jobs[i].seg[0] = specs[i].seg[0];
     jobs[i].seg[1] = specs[i].seg[1];
   }
@@ -506,8 +511,8 @@ std::vector<float> gpu_attention(const AttnFixture& f, const std::vector<JobSpec
   // Workspace for the split variant, whatever the batch (Auto picks it for
   // fewer than kFewJobs jobs).
   DeviceBuffer<float> ws(specs.size() * cuda::attention_workspace_floats(1, f.shape()));
-  cuda::attention_variant(d_jobs.get(), jobs.size(), f.shape(), {f.c.kf, f.c.vf}, variant,
-                          ws.get(), nullptr);
+  cuda::attention_variant(d_jobs.get(), jobs.size(), f.shape(), {f.c.kf, f.c.vf}, variant, ws.get(),
+                          nullptr);
   const auto out = d_out.download();
   const auto bf = d_b.download();
   for (size_t i = 0; i < specs.size(); ++i)
@@ -704,6 +709,40 @@ TEST(CudaOps, AttentionTensorCoreQueriesOfAnyScale) {
       for (size_t i = 0; i < want.size(); ++i)
         ASSERT_NEAR(got[i], want[i], tol) << "K=" << kf.name() << " q scale " << qs << " i=" << i;
     }
+}
+
+// The affine tensor-core tiles copy codes in 16-byte chunks and scales and
+// biases a key's row at a time where the planes are aligned for that, else
+// piece by piece (stage_plane): the cache's planes moved 2 bytes off that
+// alignment give the same bits in every variant.
+TEST(CudaOps, AttentionAffineTilesStageUnalignedPlanes) {
+  REQUIRE_GPU();
+  for (const KvFormat& kf : {KvFormat::affine(4, 64), KvFormat::affine(8, 32)}) {
+    const AttnCase ac{128, 8, 2, kf, kf};
+    AttnFixture f(ac, 300, 29);
+    const std::vector<JobSpec> specs = {
+        {{{0, 300}, {0, 0}}, 1}, {{{7, 40}, {0, 0}}, 2}, {{{250, 300}, {0, 100}}, 3}};
+    const auto q = queries(f, specs);
+    std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> copies;
+    auto moved = [&](const KvPlanes& planes) {
+      kernels::KvSide s = planes.side(true);
+      for (size_t p = 0; p < planes.units.size(); ++p) {
+        const size_t bytes = planes.H * planes.C * planes.units[p];
+        copies.push_back(std::make_unique<DeviceBuffer<uint8_t>>(bytes + 2));
+        CK(cudaMemcpy(copies.back()->get() + 2, s.plane[p], bytes, cudaMemcpyDeviceToDevice));
+        s.plane[p] = copies.back()->get() + 2;
+      }
+      return s;
+    };
+    const kernels::KvSide k = moved(f.K), v = moved(f.V);
+    for (auto variant : {cuda::AttentionVariant::PerBlock, cuda::AttentionVariant::PerWarp,
+                         cuda::AttentionVariant::Split}) {
+      const auto want = gpu_attention(f, specs, q, variant);
+      const auto got = gpu_attention(f, specs, q, variant, &k, &v);
+      ASSERT_EQ(first_bit_diff(want, got.data(), want.size()), -1)
+          << kf.name() << " variant " << static_cast<int>(variant);
+    }
+  }
 }
 
 // The split variant needs its workspace; asking for it without one is
