@@ -35,7 +35,7 @@ __device__ __forceinline__ float std_min(float a, float b) {
 // run first, gives the same bits; the butterfly leaves the result in every
 // lane. Every lane then derives scale and bias alike and encodes its own
 // values. (bits and group are template arguments: the loops unroll and no
-// integer division runs, so the warp's chain is about 150 instructions.)
+// integer division runs.)
 template <int kBits, int kGroup>
 __device__ void affine_group(const float* v, uint8_t* codes, uint8_t* scale_out, uint8_t* bias_out,
                              int lane) {
