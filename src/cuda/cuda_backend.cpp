@@ -343,6 +343,8 @@ Pending<T, Launch> pending(Launch launch) {
 class CudaBackend final : public model::Backend {
  public:
   explicit CudaBackend(const CudaOptions& opts) : opts_(opts) {
+    const char* fuse = std::getenv("FERRY_CUDA_FUSE_QKV");  // "0": Q/K/V, rope, KV write apart
+    fuse_qkv_ = !(fuse && std::strcmp(fuse, "0") == 0);
     int n = 0;
     const cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0)
@@ -429,6 +431,7 @@ class CudaBackend final : public model::Backend {
     step_writes_ = nullptr;
     step_jobs_ = nullptr;
     pending_rope_ = {};                    // (a step that failed left it)
+    qkv_ = {};                             // (the same)
     if (profile_) profile_->begin_step();  // (before a capture starts)
     begin_graph(sizes);
   }
@@ -510,6 +513,20 @@ class CudaBackend final : public model::Backend {
     profile_mark("matmul");
     // x in bf16: the copy its producer made, or made here on first use.
     const uint16_t* xb = bf16_copy_of(x, n_rows * ws[0].n_in);
+    if (qkv_fusable(ws, n_rows)) {
+      // Held back for rope and the KV write (PendingQkv).
+      if (!xb) xb = to_bf16(x, n_rows * ws[0].n_in);
+      qkv_ = PendingQkv{};
+      for (size_t i = 0; i < 3; ++i) {
+        qkv_.w[i] = reinterpret_cast<const uint16_t*>(ws[i].data);
+        qkv_.n_out[i] = ws[i].n_out;
+        qkv_.y[i] = ys[i];
+      }
+      qkv_.n_in = ws[0].n_in;
+      qkv_.n_rows = n_rows;
+      qkv_.xb = xb;
+      return;
+    }
     Int8Rows xq;  // x quantized for int8 mode, made on first use
     // Weights of one type wait here to share one launch: dense ones for
     // the tensor-core kernel, Q4_K / Q6_K ones for int8 mode's.
@@ -574,6 +591,7 @@ class CudaBackend final : public model::Backend {
       staged_pos_n_ = host_pos.size();
     }
     if (replaying()) return;
+    if (qkv_.take_rope(x, n_heads, head_dim, staged_pos_, inv_freq)) return;
     const PendingRope r{x, n_heads, head_dim, host_pos.size(), staged_pos_, inv_freq};
     if (pending_rope_.x && pending_rope_.head_dim == head_dim && pending_rope_.rows == r.rows &&
         pending_rope_.pos == r.pos && pending_rope_.inv_freq == inv_freq) {
@@ -598,6 +616,82 @@ class CudaBackend final : public model::Backend {
     if (!pending_rope_.x) return;
     const PendingRope p = std::exchange(pending_rope_, PendingRope{});
     cuda::rope(p.x, p.rows, p.heads, p.head_dim, p.pos, p.inv_freq, stream_);
+  }
+
+  // A decode step's Q/K/V product held back (matmul_many) so that the
+  // rope of q and k and the KV write that follow it run in its epilogue
+  // (cuda::matmul_tc_qkv_rope: the same bits as the three launches). Any
+  // other op first launches what was held as it would have run
+  // (flush_qkv). Off with FERRY_CUDA_FUSE_QKV=0.
+  struct PendingQkv {
+    const uint16_t* w[3] = {};
+    size_t n_out[3] = {};
+    float* y[3] = {};
+    size_t n_in = 0, n_rows = 0;
+    const uint16_t* xb = nullptr;
+    // The ropes taken (q's, then k's), by the same positions.
+    int ropes = 0;
+    size_t head_dim = 0;
+    const int32_t* pos = nullptr;
+    const float* inv_freq = nullptr;
+    bool active() const { return xb != nullptr; }
+    // Takes rope(x) if it is q's (first) or k's (second) over whole heads.
+    bool take_rope(float* x, size_t heads, size_t hd, const int32_t* p, const float* f) {
+      if (!active() || ropes >= 2 || x != y[ropes] || hd == 0 || heads * hd != n_out[ropes])
+        return false;
+      if (ropes == 1 && (hd != head_dim || p != pos || f != inv_freq)) return false;
+      head_dim = hd, pos = p, inv_freq = f;
+      ++ropes;
+      return true;
+    }
+  };
+  bool qkv_fusable(std::span<const kernels::WeightView> ws, size_t n_rows) const {
+    if (!fuse_qkv_ || ws.size() != 3 || n_rows == 0 || n_rows > kFastMatvecRows) return false;
+    size_t total = 0;
+    for (const kernels::WeightView& w : ws) {
+      if (w.type != DType::BF16 || w.n_in != ws[0].n_in) return false;
+      total += w.n_out;
+    }
+    return cuda::matmul_tc_qkv_rope_applies(ws[0].n_in, total, n_rows);
+  }
+  // Launches the held product (and the ropes it took) as separate kernels.
+  void flush_qkv() {
+    if (!qkv_.active()) return;
+    const PendingQkv p = std::exchange(qkv_, PendingQkv{});
+    cuda::matmul_tc_many(p.w, false, p.n_in, p.n_out, p.xb, p.n_rows, p.y, stream_);
+    if (p.ropes == 2)
+      cuda::rope2(p.y[0], p.n_out[0] / p.head_dim, p.y[1], p.n_out[1] / p.head_dim, p.n_rows,
+                  p.head_dim, p.pos, p.inv_freq, stream_);
+    else if (p.ropes == 1)
+      cuda::rope(p.y[0], p.n_rows, p.n_out[0] / p.head_dim, p.head_dim, p.pos, p.inv_freq, stream_);
+  }
+  // The held product with both ropes and, for a dense cache, the KV write
+  // `writes` of k and v in one launch; false when what is held does not
+  // match (the caller then flushes and writes as usual). Affine caches
+  // get the ropes fused and store with kv_store after.
+  bool launch_qkv(const kv::BatchKv& kv, size_t layer, const float* k, const float* v,
+                  const KvWrite* writes) {
+    const kv::KvLayerSpec& ls = kv.spec().layers[layer];
+    if (!qkv_.active() || qkv_.ropes != 2 || k != qkv_.y[1] || v != qkv_.y[2] ||
+        kv.spec().head_dim != qkv_.head_dim ||
+        kv.spec().n_kv_heads * qkv_.head_dim != qkv_.n_out[1] || qkv_.n_out[2] != qkv_.n_out[1])
+      return false;
+    const PendingQkv p = std::exchange(qkv_, PendingQkv{});
+    cuda::QkvEpilogue ep;
+    ep.pos = p.pos;
+    ep.inv_freq = p.inv_freq;
+    ep.head_dim = p.head_dim;
+    if (ls.k.kind == ls.v.kind && ls.k.kind != kernels::KvFormat::Kind::Affine) {
+      ep.kv = ls.k.kind;
+      ep.writes = writes;
+    }
+    profile_mark("matmul");
+    cuda::matmul_tc_qkv_rope(p.w, p.n_in, p.n_out, p.xb, p.n_rows, p.y, ep, stream_);
+    if (ep.writes == nullptr) {
+      mark("kv_write");
+      cuda::kv_store(writes, p.n_rows, kv.spec().n_kv_heads, kv.spec().head_dim, k, v, stream_);
+    }
+    return true;
   }
 
   // Gate and up products with the gating in their epilogue where the tile
@@ -671,6 +765,7 @@ class CudaBackend final : public model::Backend {
       d = build(layer);
     }
     if (replaying()) return;
+    if (places.size() == qkv_.n_rows && launch_qkv(kv, layer, k, v, d)) return;
     mark("kv_write");
     cuda::kv_store(d, places.size(), kv.spec().n_kv_heads, kv.spec().head_dim, k, v, stream_);
   }
@@ -974,6 +1069,7 @@ class CudaBackend final : public model::Backend {
     profile_mark(op);
   }
   void profile_mark(const char* op) {
+    flush_qkv();
     flush_rope();
     if (profile_ && mode_ == Mode::Direct) profile_->mark(op);
   }
@@ -1025,6 +1121,7 @@ class CudaBackend final : public model::Backend {
   // Before the step's outputs are read: end a capture (and launch what it
   // recorded) or launch the replayed graph.
   void end_graph() {
+    flush_qkv();
     flush_rope();
     if (mode_ == Mode::Capture) {
       cudaGraph_t graph = nullptr;
@@ -1082,6 +1179,8 @@ class CudaBackend final : public model::Backend {
   const float* step_jobs_out_ = nullptr;
   const uint16_t* step_jobs_bf16_ = nullptr;
   PendingRope pending_rope_;
+  PendingQkv qkv_;
+  bool fuse_qkv_ = true;  // FERRY_CUDA_FUSE_QKV=0: off
   std::unique_ptr<StepProfile> profile_;
   size_t n_tokens_ = 0;  // this step's token rows
   Graph* graph_ = nullptr;

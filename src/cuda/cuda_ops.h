@@ -100,6 +100,26 @@ void matmul_tc_swiglu(const uint16_t* w_gate, const uint16_t* w_up, size_t n_in,
                       const uint16_t* x, size_t n_rows, float* gate, uint16_t* gate_bf16,
                       cudaStream_t stream);
 
+// A decode step's Q/K/V product with rope and the KV write in its epilogue,
+// where matmul_tc_qkv_rope_applies (a Hopper GPU and a step the
+// producer-fed tiles take, up to 8 rows): y[0..2] = matmul_tc_many of
+// bf16 weights w[0..2] (q, k, v), then q and k rotated as rope2(y[0],
+// y[1], pos, inv_freq) and, unless `kv` is Affine, the rows of y[1] and
+// y[2] written to the cache as kv_store(writes, ...) encodes them (row r
+// through writes[r]); every float and byte bit-identical to those calls.
+struct KvWrite;
+struct QkvEpilogue {
+  const int32_t* pos = nullptr;
+  const float* inv_freq = nullptr;
+  size_t head_dim = 0;
+  kernels::KvFormat::Kind kv = kernels::KvFormat::Kind::Affine;  // Affine: no store
+  const KvWrite* writes = nullptr;                               // [n_rows]
+};
+bool matmul_tc_qkv_rope_applies(size_t n_in, size_t n_out_total, size_t n_rows);
+void matmul_tc_qkv_rope(const uint16_t* const (&w)[3], size_t n_in, const size_t (&n_out)[3],
+                        const uint16_t* x, size_t n_rows, float* const (&y)[3],
+                        const QkvEpilogue& ep, cudaStream_t stream);
+
 // MatmulMode::Int8 on the GPU (docs/CUDA.md, "Int8 mode"): activations
 // quantized per 32-element block as the CPU does (kernels/ops.h: d =
 // amax / 127, codes round_even(x / d) clamped to [-127, 127]; a block with

@@ -92,6 +92,7 @@ using detail::cp_async16;
 using detail::cp_async_commit;
 using detail::cp_async_wait;
 using detail::f2bf;
+using detail::f2h;
 using detail::h2f;
 using detail::ldsm_x2;
 using detail::ldsm_x4;
@@ -118,6 +119,20 @@ struct Weights {
   uint32_t n_out[kMaxWeights];
   uint32_t tiles[kMaxWeights];
   int n = 0;
+};
+
+// The fused epilogue of a decode step's Q/K/V product (matmul_tc_qkv_rope):
+// per weight, its role: 0 plain, 1 rotated (q), 2 rotated and stored as
+// the step's K rows (k), 3 stored as its V rows (v); the rotation is
+// rope_kernel's (elementwise.cu) and the store kv_store_kernel's for dense
+// formats (kv: 0 none, 1 f32, 2 f16, 3 bf16), so the bits are theirs.
+struct RopeKv {
+  const int32_t* pos = nullptr;     // [n_rows]
+  const float* inv_freq = nullptr;  // [half]
+  const KvWrite* writes = nullptr;  // [n_rows]: row r's cache slots
+  uint32_t half = 0;                // head_dim / 2
+  uint32_t kv = 0;
+  uint8_t role[kMaxWeights] = {};
 };
 
 template <int BM, int BN, int WM, int WN, int BK, int STAGES>
@@ -427,6 +442,111 @@ __global__ void __launch_bounds__(Tile<BM, BN, WM, WN, BK, STAGES>::kThreads)
   }
 }
 
+// The Q/K/V epilogue (RopeKv) of a consumer lane's accumulators: columns
+// j0 and j0 + 8, rows r0 + 8 nt and + 1. A rope pair (2i, 2i + 1) is two
+// neighbouring columns, held by lanes gl and gl ^ 1 (lane ^ 4) for the same
+// rows, so each lane takes its partner's value by one shuffle and computes
+// its own half of the rotation with rope_kernel's operations; K and V
+// values then go to the row's cache slot as kv_store_kernel encodes them.
+// What does not depend on the product (the angles' cos and sin, the cache
+// addresses) is prepared while the tile's mma chains run: its loads are
+// issued when the tile starts (rope_load) and used after its first stage
+// (rope_finish), so neither the loads' latency nor the libm calls follow
+// the last mma.
+template <int kNT>
+struct RopePrep {
+  int32_t pos[kNT][2];  // rows r0 + 8 nt, + 1
+  float freq[2];        // columns j0, j0 + 8
+  const uint8_t* plane[kNT][2];
+  size_t stride[kNT][2], unit[kNT][2];
+  uint32_t slot[kNT][2];
+  bool rotate, store;
+  float cs[kNT][4], sn[kNT][4];
+  uint8_t* dst[kNT][4];  // the value's cache bytes, or null
+};
+template <int kNT>
+__device__ __forceinline__ void rope_load(RopePrep<kNT>& p, const RopeKv& rk, uint32_t role,
+                                          uint32_t j0, uint32_t r0, uint32_t n_out,
+                                          uint32_t n_rows) {
+  const uint32_t head_dim = 2 * rk.half;
+  p.rotate = role == 1 || role == 2;
+  p.store = (role == 2 || role == 3) && rk.kv != 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t j = j0 + 8 * h;
+    p.freq[h] = p.rotate && j < n_out ? rk.inv_freq[j % head_dim / 2] : 0.0f;
+  }
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const uint32_t r = r0 + nt * 8 + k;
+      const bool in = r < n_rows;
+      p.pos[nt][k] = p.rotate && in ? rk.pos[r] : 0;
+      p.plane[nt][k] = nullptr;
+      p.stride[nt][k] = p.unit[nt][k] = 0;
+      p.slot[nt][k] = 0;
+      if (p.store && in) {
+        const KvWrite& w = rk.writes[r];
+        const kernels::KvSide& side = role == 2 ? w.k : w.v;
+        p.plane[nt][k] = side.plane[0];
+        p.stride[nt][k] = side.head_stride[0];
+        p.unit[nt][k] = side.unit[0];
+        p.slot[nt][k] = w.slot;
+      }
+    }
+}
+template <int kNT>
+__device__ __forceinline__ void rope_finish(RopePrep<kNT>& p, const RopeKv& rk, uint32_t j0,
+                                            uint32_t r0, uint32_t n_out, uint32_t n_rows) {
+  const uint32_t head_dim = 2 * rk.half, bytes = rk.kv == 1 ? 4 : 2;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint32_t j = j0 + 8 * (e / 2), r = r0 + nt * 8 + e % 2;
+      const bool in = j < n_out && r < n_rows;
+      p.cs[nt][e] = p.sn[nt][e] = 0.0f;
+      p.dst[nt][e] = nullptr;
+      if (in && p.rotate) {
+        const float theta = __fmul_rn(static_cast<float>(p.pos[nt][e % 2]), p.freq[e / 2]);
+        p.cs[nt][e] = cosf(theta);
+        p.sn[nt][e] = sinf(theta);
+      }
+      if (in && p.store)
+        p.dst[nt][e] = const_cast<uint8_t*>(p.plane[nt][e % 2]) +
+                       (j / head_dim) * p.stride[nt][e % 2] +
+                       size_t{p.slot[nt][e % 2]} * p.unit[nt][e % 2] + bytes * (j % head_dim);
+    }
+}
+template <int kNT>
+__device__ __forceinline__ void rope_kv_epilogue(const float (&acc)[kNT][4], const RopeKv& rk,
+                                                 const RopePrep<kNT>& p, uint32_t j0, uint32_t r0,
+                                                 uint32_t n_out, uint32_t n_rows, float* y,
+                                                 int gl) {
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint32_t j = j0 + 8 * (e / 2), r = r0 + nt * 8 + e % 2;
+      float v = acc[nt][e];
+      const float other = __shfl_xor_sync(0xffffffffu, v, 4);  // column j ^ 1, row r
+      if (j >= n_out || r >= n_rows) continue;
+      if (p.rotate) {
+        const float cs = p.cs[nt][e], sn = p.sn[nt][e];
+        v = (gl & 1) == 0 ? __fsub_rn(__fmul_rn(v, cs), __fmul_rn(other, sn))
+                          : __fadd_rn(__fmul_rn(other, sn), __fmul_rn(v, cs));
+      }
+      y[size_t{r} * n_out + j] = v;
+      if (uint8_t* d = p.dst[nt][e]) {
+        if (rk.kv == 1)
+          *reinterpret_cast<float*>(d) = v;
+        else
+          *reinterpret_cast<uint16_t*>(d) = rk.kv == 2 ? f2h(v) : f2bf(v);
+      }
+    }
+}
+
 // Producer-fed skinny tiles (sm_90a), "F<bm>x<bn>": decode products of a
 // few rows on few output columns (Q/K/V, o, down), where the S tiles'
 // warps both copy and run their mma chains, so a stage is refilled only
@@ -459,10 +579,13 @@ struct FedTile {
 // ws.w[1] = up; a tile is BM / 2 columns of both, the first half of the
 // consumer warps run gate's chains, the others up's, and the epilogue
 // writes silu_mul_one(gate, up) to ws.y[0] and its bf16 rounding to y_bf16.
-template <int BM, int BN, int BK, int STAGES, int PW, bool kF16, bool kSwiglu = false>
+// kRope: the Q/K/V epilogue of RopeKv (rk) instead of plain stores.
+template <int BM, int BN, int BK, int STAGES, int PW, bool kF16, bool kSwiglu = false,
+          bool kRope = false>
 __global__ void __launch_bounds__(FedTile<BM, BN, BK, STAGES, PW>::kThreads)
     matmul_fed_kernel(Weights ws, const uint16_t* __restrict__ x, uint32_t n_in, uint32_t n_rows,
-                      uint32_t row_tiles, uint32_t n_tiles, uint16_t* __restrict__ y_bf16) {
+                      uint32_t row_tiles, uint32_t n_tiles, uint16_t* __restrict__ y_bf16,
+                      RopeKv rk) {
 #if FERRY_SM90A
   using T = FedTile<BM, BN, BK, STAGES, PW>;
   constexpr int KK = BK / 16;
@@ -563,13 +686,27 @@ __global__ void __launch_bounds__(FedTile<BM, BN, BK, STAGES, PW>::kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[0][nt][e] = 0.0f;
     }
+    [[maybe_unused]] RopePrep<T::kNT> prep;
+    [[maybe_unused]] const uint32_t ej0 = at.j0 + a_row0 + gl,
+                                    er0 = at.r0 + 2 * c;  // the lane's first output
+    if constexpr (kRope) rope_load<T::kNT>(prep, rk, rk.role[at.wi], ej0, er0, at.n_out, n_rows);
+    auto after_stage = [&](uint32_t kt) {
+      if constexpr (kRope)
+        if (kt == 0) rope_finish<T::kNT>(prep, rk, ej0, er0, at.n_out, n_rows);
+    };
     {
       const uint32_t st = smem + (g % STAGES) * T::kStageBytes;
       detail::mbar_wait(full + 8 * (g % STAGES), (g / STAGES) & 1);
       load_frags<BK>(f[0], st, st + BM * BK * 2, 0, a_row0, 0, lane);
     }
-    for (uint32_t kt = 0; kt < full_tiles; ++kt) stage(g + kt, kt, std::false_type{});
-    if (k_tiles > full_tiles) stage(g + full_tiles, full_tiles, std::true_type{});
+    for (uint32_t kt = 0; kt < full_tiles; ++kt) {
+      stage(g + kt, kt, std::false_type{});
+      after_stage(kt);
+    }
+    if (k_tiles > full_tiles) {
+      stage(g + full_tiles, full_tiles, std::true_type{});
+      after_stage(full_tiles);
+    }
     g += k_tiles;
 
     float* __restrict__ y = ws.y[at.wi];
@@ -582,6 +719,8 @@ __global__ void __launch_bounds__(FedTile<BM, BN, BK, STAGES, PW>::kThreads)
       swiglu_epilogue<T::kNT>(acc[0], xs, warp, T::kConsumers / 2, lane, at.j0 + a_row0, at.r0, y,
                               at.n_out, n_rows, y_bf16, meet);
       meet();
+    } else if constexpr (kRope) {
+      rope_kv_epilogue<T::kNT>(acc[0], rk, prep, ej0, er0, at.n_out, n_rows, y, gl);
     } else {
 #pragma unroll
       for (int nt = 0; nt < T::kNT; ++nt)
@@ -595,6 +734,7 @@ __global__ void __launch_bounds__(FedTile<BM, BN, BK, STAGES, PW>::kThreads)
   }
 #else
   (void)ws, (void)x, (void)n_in, (void)n_rows, (void)row_tiles, (void)n_tiles, (void)y_bf16;
+  (void)rk;
   (void)FedTile<BM, BN, BK, STAGES, PW>::kNT;  // (the sm_90a image's)
 #endif
 }
@@ -880,23 +1020,29 @@ struct FedVariant : SwigluLaunch<FedVariant<BM, BN, BK, STAGES, PW, kSwiglu>, BM
                                          BK,      STAGES, true, PW,      kSwiglu};
   using T = FedTile<BM, BN, BK, STAGES, PW>;
 
-  template <bool kF16, bool kFused = false>
-  static void go(const Args& a, Weights ws, int bm, uint16_t* y_bf16) {
-    auto* kernel = matmul_fed_kernel<BM, BN, BK, STAGES, PW, kF16, kFused>;
-    detail::raise_smem_limit<matmul_fed_kernel<BM, BN, BK, STAGES, PW, kF16, kFused>>(
+  template <bool kF16, bool kFused = false, bool kRope = false>
+  static void go(const Args& a, Weights ws, int bm, uint16_t* y_bf16, const RopeKv& rk = {}) {
+    auto* kernel = matmul_fed_kernel<BM, BN, BK, STAGES, PW, kF16, kFused, kRope>;
+    detail::raise_smem_limit<matmul_fed_kernel<BM, BN, BK, STAGES, PW, kF16, kFused, kRope>>(
         T::kSmemBytes);
     const Grid grid = cut(ws, a.n_rows, bm, BN);
     // Persistent: as many CTAs as fit on the device at once, each taking
     // tiles i, i + grid, ... with its stage ring running on between them.
-    detail::launch(kFused ? "matmul_fed_swiglu_kernel" : "matmul_fed_kernel", kernel,
-                   std::min(grid.ctas, resident(kernel)), T::kThreads, T::kSmemBytes, a.stream, ws,
-                   a.x, static_cast<uint32_t>(a.n_in), static_cast<uint32_t>(a.n_rows),
-                   grid.row_tiles, grid.ctas, y_bf16);
+    detail::launch(kFused  ? "matmul_fed_swiglu_kernel"
+                   : kRope ? "matmul_fed_rope_kernel"
+                           : "matmul_fed_kernel",
+                   kernel, std::min(grid.ctas, resident(kernel)), T::kThreads, T::kSmemBytes,
+                   a.stream, ws, a.x, static_cast<uint32_t>(a.n_in),
+                   static_cast<uint32_t>(a.n_rows), grid.row_tiles, grid.ctas, y_bf16, rk);
   }
   template <bool kF16>
   static void launch(const Args& a) {
     if (kF16 && !wgmma_available()) return Variant<16, 8, 1, 1, 256, 4>::launch<kF16>(a);
     go<kF16>(a, a.ws, BM, nullptr);
+  }
+  // The Q/K/V epilogue (bf16 weights; sm_90a).
+  static void launch_rope(const Args& a, const RopeKv& rk) {
+    go<false, false, true>(a, a.ws, BM, nullptr, rk);
   }
   // The CTAs of `kernel` that fit on this device at once (per device, once).
   template <class Kernel>
@@ -1036,6 +1182,16 @@ static_assert(std::size(kNames) == kN);
 
 using LaunchFn = void (*)(const Args&);
 using SwigluFn = void (*)(const Args&, uint16_t*);
+using RopeFn = void (*)(const Args&, const RopeKv&);
+
+// A variant's launch_rope (the producer-fed ones), else null.
+template <class V>
+constexpr RopeFn rope_launch() {
+  if constexpr (requires { &V::launch_rope; })
+    return &V::launch_rope;
+  else
+    return nullptr;
+}
 
 template <size_t... I>
 constexpr auto make_table(std::index_sequence<I...>) {
@@ -1043,11 +1199,13 @@ constexpr auto make_table(std::index_sequence<I...>) {
     TileConfig cfg[kN];
     LaunchFn bf16[kN], f16[kN];
     SwigluFn swiglu[kN];
+    RopeFn rope[kN];
   } t{};
   ((t.cfg[I] = std::tuple_element_t<I, Variants>::kConfig, t.cfg[I].name = kNames[I],
     t.bf16[I] = &std::tuple_element_t<I, Variants>::template launch<false>,
     t.f16[I] = &std::tuple_element_t<I, Variants>::template launch<true>,
-    t.swiglu[I] = &std::tuple_element_t<I, Variants>::launch_swiglu),
+    t.swiglu[I] = &std::tuple_element_t<I, Variants>::launch_swiglu,
+    t.rope[I] = rope_launch<std::tuple_element_t<I, Variants>>()),
    ...);
   return t;
 }
@@ -1177,6 +1335,53 @@ bool swiglu_variant(size_t cfg) {
   return cfg < kN && kTable.cfg[cfg].swiglu;
 }
 
+bool rope_variant(size_t cfg) {
+  return cfg < kN && kTable.rope[cfg] != nullptr;
+}
+
+void matmul_tc_qkv_rope_with(size_t cfg, const uint16_t* const (&w)[3], size_t n_in,
+                             const size_t (&n_out)[3], const uint16_t* x, size_t n_rows,
+                             float* const (&y)[3], const QkvEpilogue& ep, cudaStream_t stream) {
+  FERRY_CHECK(rope_variant(cfg), "matmul_tc_qkv_rope", "config ", cfg, " has no Q/K/V epilogue");
+  FERRY_CHECK(wgmma_available(), "matmul_tc_qkv_rope", "variant ", kTable.cfg[cfg].name,
+              " needs a Hopper GPU (sm_90a)");
+  FERRY_CHECK(ep.head_dim % 2 == 0 && ep.head_dim > 0 && n_out[0] % ep.head_dim == 0 &&
+                  n_out[1] % ep.head_dim == 0 && n_out[2] % ep.head_dim == 0,
+              "matmul_tc_qkv_rope", "head_dim ", ep.head_dim, " does not divide the outputs");
+  FERRY_CHECK(ep.kv == kernels::KvFormat::Kind::Affine || ep.writes != nullptr,
+              "matmul_tc_qkv_rope", "a dense KV store needs its writes");
+  Args a{{}, n_in, x, n_rows, stream};
+  RopeKv rk;
+  rk.pos = ep.pos;
+  rk.inv_freq = ep.inv_freq;
+  rk.writes = ep.writes;
+  rk.half = static_cast<uint32_t>(ep.head_dim / 2);
+  switch (ep.kv) {
+    case kernels::KvFormat::Kind::F32:
+      rk.kv = 1;
+      break;
+    case kernels::KvFormat::Kind::F16:
+      rk.kv = 2;
+      break;
+    case kernels::KvFormat::Kind::BF16:
+      rk.kv = 3;
+      break;
+    case kernels::KvFormat::Kind::Affine:
+      rk.kv = 0;
+      break;
+  }
+  for (int i = 0; i < 3; ++i) {
+    check_args(n_in, n_out[i], n_rows, w[i], x);
+    if (n_out[i] == 0) continue;
+    a.ws.w[a.ws.n] = w[i];
+    a.ws.y[a.ws.n] = y[i];
+    a.ws.n_out[a.ws.n] = static_cast<uint32_t>(n_out[i]);
+    rk.role[a.ws.n++] = static_cast<uint8_t>(i + 1);  // q, k, v
+  }
+  if (n_rows == 0 || a.ws.n == 0) return;
+  kTable.rope[cfg](a, rk);
+}
+
 void matmul_tc_swiglu_with(size_t cfg, const uint16_t* w_gate, const uint16_t* w_up, size_t n_in,
                            size_t n_out, const uint16_t* x, size_t n_rows, float* gate,
                            uint16_t* gate_bf16, cudaStream_t stream) {
@@ -1214,6 +1419,21 @@ void matmul_tc_many(std::span<const uint16_t* const> w, bool w_f16, size_t n_in,
   const bool wgmma = tc::wgmma_available();
   tc::matmul_tc_many_with(tc::choose_config(n_in, total, n_rows, wgmma, tc::device_sms()), w, w_f16,
                           n_in, n_out, x, n_rows, y, stream);
+}
+
+bool matmul_tc_qkv_rope_applies(size_t n_in, size_t n_out_total, size_t n_rows) {
+  const bool wgmma = tc::wgmma_available();
+  return wgmma && n_rows >= 1 &&
+         tc::rope_variant(tc::choose_config(n_in, n_out_total, n_rows, wgmma, tc::device_sms()));
+}
+
+void matmul_tc_qkv_rope(const uint16_t* const (&w)[3], size_t n_in, const size_t (&n_out)[3],
+                        const uint16_t* x, size_t n_rows, float* const (&y)[3],
+                        const QkvEpilogue& ep, cudaStream_t stream) {
+  const bool wgmma = tc::wgmma_available();
+  tc::matmul_tc_qkv_rope_with(
+      tc::choose_config(n_in, n_out[0] + n_out[1] + n_out[2], n_rows, wgmma, tc::device_sms()), w,
+      n_in, n_out, x, n_rows, y, ep, stream);
 }
 
 namespace {

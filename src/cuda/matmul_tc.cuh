@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <span>
 
+#include "cuda/cuda_ops.h"
+
 namespace ferry::cuda::tc {
 
 inline constexpr size_t kMaxWeights = 4;  // weights in one matmul_tc_many launch
@@ -92,5 +94,11 @@ void matmul_tc_swiglu_with(size_t config, const uint16_t* w_gate, const uint16_t
 void matmul_tc_many_with(size_t config, std::span<const uint16_t* const> w, bool w_f16, size_t n_in,
                          std::span<const size_t> n_out, const uint16_t* x, size_t n_rows,
                          std::span<float* const> y, cudaStream_t stream);
+// Whether variant `config` can run the Q/K/V epilogue (a producer-fed
+// tile: Hopper, bf16 weights), and matmul_tc_qkv_rope with it forced.
+bool rope_variant(size_t config);
+void matmul_tc_qkv_rope_with(size_t config, const uint16_t* const (&w)[3], size_t n_in,
+                             const size_t (&n_out)[3], const uint16_t* x, size_t n_rows,
+                             float* const (&y)[3], const QkvEpilogue& ep, cudaStream_t stream);
 
 }  // namespace ferry::cuda::tc

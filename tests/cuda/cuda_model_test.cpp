@@ -15,7 +15,9 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <random>
+#include <string>
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_ops.h"
@@ -275,14 +277,17 @@ TEST(GpuOutputs, ReducedStepsMatchWholeRows) {
 // Three prompts prefilled, then greedy decode steps (each model feeds back
 // its own argmax); at step 30 the middle row leaves (a new step shape) and
 // the cache grows past its first allocation. Returns every step's logits,
-// concatenated, and the steps' offsets into them.
-std::vector<float> greedy_steps(const Model& m, int steps, std::vector<size_t>* offsets) {
+// concatenated, and the steps' offsets into them. The cache: K q4g64 and V
+// f16 (f16 both where head_dim is not a multiple of 64), or `kv` for both.
+std::vector<float> greedy_steps(const Model& m, int steps, std::vector<size_t>* offsets,
+                                std::optional<kernels::KvFormat> kv_format = std::nullopt) {
   ThreadPool pool(2);
   kernels::Context ctx{&pool, best_cpu_path()};
-  const kv::KvSpec spec =
-      m.config().kv_spec(m.config().head_dim % 64 == 0 ? kernels::KvFormat::affine(4, 64)
-                                                       : kernels::KvFormat::f16(),
-                         kernels::KvFormat::f16());
+  const kv::KvSpec spec = kv_format ? m.config().kv_spec(*kv_format, *kv_format)
+                                    : m.config().kv_spec(m.config().head_dim % 64 == 0
+                                                             ? kernels::KvFormat::affine(4, 64)
+                                                             : kernels::KvFormat::f16(),
+                                                         kernels::KvFormat::f16());
   kv::BatchKv kv(spec, m.kv_allocator());
   const std::vector<std::vector<int32_t>> prompts = {{5, 9, 2, 7}, {3, 1}, {8, 8, 8, 1, 2}};
   std::vector<size_t> lens;
@@ -333,6 +338,35 @@ TEST(GpuGraphs, ReplayedStepsMatchDirectOnes) {
   const std::vector<float> direct = greedy_steps(*gpu_model(path, true, false), 80, &offsets);
   const std::vector<float> graphed = greedy_steps(*gpu_model(path, true, true), 80, nullptr);
   EXPECT_EQ(first_different_step(direct, graphed, offsets), -1);
+}
+
+// Decode steps of bf16 Q/K/V weights on Hopper run rope and the KV write in
+// the Q/K/V product's epilogue (the backend's PendingQkv): with it and
+// without it (FERRY_CUDA_FUSE_QKV=0) every step's logits are the same
+// bits, kernel by kernel and from graphs, for each dense cache. (The tiny
+// model's head_dim of 16 takes no affine cache; the affine case, rotation
+// fused and the write apart, is tested on the kernel: matmul_tc_test.)
+TEST(GpuLaunches, QkvEpilogueChangesNoBit) {
+  const std::string path = test::data_path("models/tiny-llama-bf16.gguf");
+  int dev = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, dev), cudaSuccess);
+  if (prop.major == 9) {  // the tiny model's Q/K/V (64 -> 64 + 32 + 32) take the fused tile
+    EXPECT_TRUE(cuda::matmul_tc_qkv_rope_applies(64, 128, 3));
+  }
+  for (bool graphs : {false, true})
+    for (const kernels::KvFormat& f :
+         {kernels::KvFormat::bf16(), kernels::KvFormat::f16(), kernels::KvFormat::f32()}) {
+      std::vector<size_t> offsets;
+      ASSERT_EQ(setenv("FERRY_CUDA_FUSE_QKV", "0", 1), 0);
+      const std::vector<float> apart =
+          greedy_steps(*gpu_model(path, true, graphs), 40, &offsets, f);
+      ASSERT_EQ(unsetenv("FERRY_CUDA_FUSE_QKV"), 0);
+      const std::vector<float> fused = greedy_steps(*gpu_model(path, true, graphs), 40, nullptr, f);
+      EXPECT_EQ(first_different_step(apart, fused, offsets), -1)
+          << f.name() << (graphs ? " with graphs" : " kernel by kernel");
+    }
 }
 
 // Dependent launches (a kernel's blocks starting while the kernel before it
@@ -404,12 +438,12 @@ void expect_solo_equal(const Model& m, const kernels::Context& ctx, const kv::Kv
   solo.prepare_prefill(std::vector<size_t>{len});
   std::vector<float> one;
   for (size_t i = 0; i < len; i += chunk) {
-    const RowInput row{
-        std::span<const int32_t>(b.prompts[r]).subspan(i, std::min(chunk, len - i))};
+    const RowInput row{std::span<const int32_t>(b.prompts[r]).subspan(i, std::min(chunk, len - i))};
     m.forward(ctx, solo, std::span<const RowInput>(&row, 1), one);
   }
   ASSERT_EQ(one.size(), V);
-  EXPECT_EQ(std::memcmp(one.data(), &b.logits[r * V], V * sizeof(float)), 0) << what << " row " << r;
+  EXPECT_EQ(std::memcmp(one.data(), &b.logits[r * V], V * sizeof(float)), 0)
+      << what << " row " << r;
 }
 
 // A step large enough to outgrow the backend's staging mid-step (40 rows of
@@ -449,7 +483,8 @@ TEST(GpuGraphs, FastModeReplaysCublasBitForBit) {
   auto graphed = gpu_model(path, false, true);
   ThreadPool pool(2);
   kernels::Context ctx{&pool, best_cpu_path()};
-  const kv::KvSpec spec = direct->config().kv_spec(kernels::KvFormat::f16(), kernels::KvFormat::f16());
+  const kv::KvSpec spec =
+      direct->config().kv_spec(kernels::KvFormat::f16(), kernels::KvFormat::f16());
   kv::BatchKv a(spec, direct->kv_allocator()), b(spec, graphed->kv_allocator());
   const size_t rows = 12, V = direct->config().vocab_size;
   std::vector<std::vector<int32_t>> prompts(rows);
@@ -646,7 +681,8 @@ TEST(GpuKv, BatchedCopiesEqualHostCopies) {
   auto twin = [&](const std::vector<uint8_t>& bytes) {
     Twin t{host->allocate(bytes.size()), dev->allocate(bytes.size())};
     std::memcpy(t.h->data, bytes.data(), bytes.size());
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // (the zero fill runs on the backend's stream)
+    EXPECT_EQ(cudaDeviceSynchronize(),
+              cudaSuccess);  // (the zero fill runs on the backend's stream)
     EXPECT_EQ(cudaMemcpy(t.d->data, bytes.data(), bytes.size(), cudaMemcpyHostToDevice),
               cudaSuccess);
     return t;

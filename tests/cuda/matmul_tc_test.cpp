@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -29,6 +30,8 @@
 
 namespace ferry::test {
 namespace {
+
+using kernels::KvFormat;
 
 // Random 16-bit inputs in [-scale, scale] and their exact f32 values.
 struct Half16 {
@@ -400,6 +403,104 @@ TEST(CudaTc, SwigluEpilogueEqualsSeparateOps) {
         for (size_t k = n; k < n + guard; ++k) {
           ASSERT_EQ(bits(got[k]), 0xffffffffu) << "wrote past the end";
           ASSERT_EQ(got_b[k], 0xffffu) << "wrote past the bf16 copy's end";
+        }
+      }
+    }
+  }
+}
+
+// The Q/K/V epilogue (a decode step's product with rope and the KV write
+// fused, matmul_tc_qkv_rope): every producer-fed variant gives the bits of
+// matmul_tc_many, then rope2 of q and k, then kv_store of k and v, for
+// head_dim 64 and 128, 1 to 8 rows, dense caches of each kind (every byte
+// of the planes compared) and an affine one (only rotated, the planes left
+// alone); nothing is written past the outputs.
+TEST(CudaTc, QkvEpilogueEqualsSeparateOps) {
+  REQUIRE_GPU();
+  if (!cuda::tc::wgmma_available()) GTEST_SKIP() << "no sm_90a GPU here";
+  EXPECT_TRUE(cuda::matmul_tc_qkv_rope_applies(4096, 6144, 1));
+  EXPECT_TRUE(cuda::matmul_tc_qkv_rope_applies(4096, 6144, 8));
+  EXPECT_FALSE(cuda::matmul_tc_qkv_rope_applies(4096, 6144, 9));
+  const size_t n_in = 1040, C = 48, q_heads = 4, kv_heads = 2;
+  for (size_t hd : {64, 128}) {
+    const size_t n_outs[3] = {q_heads * hd, kv_heads * hd, kv_heads * hd};
+    std::vector<std::unique_ptr<DeviceBuffer<uint16_t>>> d_w;
+    for (size_t i = 0; i < 3; ++i)
+      d_w.push_back(std::make_unique<DeviceBuffer<uint16_t>>(
+          random_half16(n_outs[i] * n_in, 701 + i + hd, false).bits));
+    const uint16_t* const ws[3] = {d_w[0]->get(), d_w[1]->get(), d_w[2]->get()};
+    std::vector<float> inv_freq(hd / 2);
+    for (size_t i = 0; i < hd / 2; ++i)
+      inv_freq[i] = std::pow(10000.0f, -2.0f * static_cast<float>(i) / static_cast<float>(hd));
+    const DeviceBuffer<float> d_freq(inv_freq);
+    for (size_t n_rows : {1, 3, 8}) {
+      const auto x = random_half16(n_rows * n_in, 703 + n_rows, false, 2.0f);
+      const DeviceBuffer<uint16_t> d_x(x.bits);
+      std::vector<int32_t> pos(n_rows);
+      for (size_t r = 0; r < n_rows; ++r) pos[r] = static_cast<int32_t>(37 + 1011 * r);
+      const DeviceBuffer<int32_t> d_pos(pos);
+      for (const KvFormat& f :
+           {KvFormat::bf16(), KvFormat::f16(), KvFormat::f32(), KvFormat::affine(4, 64)}) {
+        // One run: fresh outputs (poisoned, with guards) and cache planes.
+        constexpr size_t guard = 64;
+        struct Run {
+          std::vector<std::unique_ptr<DeviceBuffer<float>>> y;
+          float* ys[3];
+          std::unique_ptr<KvPlanes> K, V;
+          std::unique_ptr<DeviceBuffer<cuda::KvWrite>> writes;
+        };
+        auto start = [&](Run& run) {
+          for (size_t i = 0; i < 3; ++i) {
+            run.y.push_back(std::make_unique<DeviceBuffer<float>>(n_rows * n_outs[i] + guard));
+            run.y.back()->poison();
+            run.ys[i] = run.y.back()->get();
+          }
+          run.K = std::make_unique<KvPlanes>(f, hd, kv_heads, C, 0xab);
+          run.V = std::make_unique<KvPlanes>(f, hd, kv_heads, C, 0xcd);
+          run.K->upload();
+          run.V->upload();
+          std::vector<cuda::KvWrite> w(n_rows);
+          for (size_t r = 0; r < n_rows; ++r) {
+            w[r].k = run.K->side(true);
+            w[r].v = run.V->side(true);
+            w[r].slot = static_cast<uint32_t>((5 + 7 * r) % C);
+            w[r].token = static_cast<uint32_t>(r);
+          }
+          run.writes = std::make_unique<DeviceBuffer<cuda::KvWrite>>(w.size());
+          CK(cudaMemcpy(run.writes->get(), w.data(), w.size() * sizeof(cuda::KvWrite),
+                        cudaMemcpyHostToDevice));
+        };
+        const bool dense = f.kind != KvFormat::Kind::Affine;
+        Run want;
+        start(want);
+        cuda::matmul_tc_many(ws, false, n_in, n_outs, d_x.get(), n_rows, want.ys, nullptr);
+        cuda::rope2(want.ys[0], q_heads, want.ys[1], kv_heads, n_rows, hd, d_pos.get(),
+                    d_freq.get(), nullptr);
+        if (dense)
+          cuda::kv_store(want.writes->get(), n_rows, kv_heads, hd, want.ys[1], want.ys[2], nullptr);
+        for (size_t cfg = 0; cfg < cuda::tc::n_configs(); ++cfg) {
+          if (!cuda::tc::rope_variant(cfg)) continue;
+          Run got;
+          start(got);
+          cuda::QkvEpilogue ep;
+          ep.pos = d_pos.get();
+          ep.inv_freq = d_freq.get();
+          ep.head_dim = hd;
+          ep.kv = f.kind;
+          ep.writes = got.writes->get();
+          cuda::tc::matmul_tc_qkv_rope_with(cfg, ws, n_in, n_outs, d_x.get(), n_rows, got.ys, ep,
+                                            nullptr);
+          const std::string where = std::string(cuda::tc::config(cfg).name) + " " + f.name() +
+                                    " head_dim " + std::to_string(hd) + " rows " +
+                                    std::to_string(n_rows);
+          for (size_t i = 0; i < 3; ++i) {
+            const auto a = want.y[i]->download(), b = got.y[i]->download();
+            EXPECT_EQ(first_bit_diff(a, b.data(), a.size()), -1) << where << " output " << i;
+          }
+          for (size_t p = 0; p < got.K->units.size(); ++p) {
+            EXPECT_TRUE(got.K->download(p) == want.K->download(p)) << where << " K plane " << p;
+            EXPECT_TRUE(got.V->download(p) == want.V->download(p)) << where << " V plane " << p;
+          }
         }
       }
     }
