@@ -1657,7 +1657,9 @@ void launch_tc(const AttentionJob* jobs, size_t n_jobs, const kernels::Attention
                    group_heads, s.scale);
   };
   // Three blocks per SM where their shared memory fits (228 KB, 1 KB each
-  // reserved): dense and 4-bit images.
+  // reserved): dense and affine images (8-bit ones since session 21's
+  // images without a bf16 V matrix; q8g32 at head_dim 128 spills 12 bytes
+  // under that register bound; not measured against two blocks).
   if (n_jobs >= kDenseJobs && 3 * (total + 1024) <= 233472) {
     raise_smem_limit<attention_tc_kernel<D, F, 3>>(total);
     go(attention_tc_kernel<D, F, 3>);

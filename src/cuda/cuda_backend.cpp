@@ -483,6 +483,7 @@ class CudaBackend final : public model::Backend {
   // x's n values rounded to bf16 by a conversion launch, into xtc_ (where
   // a producer's copy would be: that one is dropped).
   const uint16_t* to_bf16(const float* x, size_t n) {
+    flush_qkv();  // (as bf16_buffer)
     bf16_copy_ = {};
     auto* b = static_cast<uint16_t*>(xtc_.get(n * 2, stream_));
     cuda::f32_to_bf16(x, n, b, stream_);
@@ -492,6 +493,7 @@ class CudaBackend final : public model::Backend {
   // it (no dense weights). Fast mode's cuBLAS products read it too (bf16
   // weights), so it is made at every row count.
   uint16_t* bf16_buffer(size_t n) {
+    flush_qkv();  // (a held product reads its input from xtc_, which may move)
     if (!dense_weights_) return nullptr;
     return static_cast<uint16_t*>(xtc_.get(n * 2, stream_));
   }
@@ -591,7 +593,9 @@ class CudaBackend final : public model::Backend {
       staged_pos_n_ = host_pos.size();
     }
     if (replaying()) return;
-    if (qkv_.take_rope(x, n_heads, head_dim, staged_pos_, inv_freq)) return;
+    if (host_pos.size() == qkv_.n_rows &&
+        qkv_.take_rope(x, n_heads, head_dim, staged_pos_, inv_freq))
+      return;
     const PendingRope r{x, n_heads, head_dim, host_pos.size(), staged_pos_, inv_freq};
     if (pending_rope_.x && pending_rope_.head_dim == head_dim && pending_rope_.rows == r.rows &&
         pending_rope_.pos == r.pos && pending_rope_.inv_freq == inv_freq) {

@@ -113,7 +113,7 @@ struct QkvEpilogue {
   const float* inv_freq = nullptr;
   size_t head_dim = 0;
   kernels::KvFormat::Kind kv = kernels::KvFormat::Kind::Affine;  // Affine: no store
-  const KvWrite* writes = nullptr;                               // [n_rows]
+  const KvWrite* writes = nullptr;  // [n_rows]; writes[r].token == r (as the backend builds it)
 };
 bool matmul_tc_qkv_rope_applies(size_t n_in, size_t n_out_total, size_t n_rows);
 void matmul_tc_qkv_rope(const uint16_t* const (&w)[3], size_t n_in, const size_t (&n_out)[3],

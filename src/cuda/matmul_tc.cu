@@ -1031,8 +1031,8 @@ struct FedVariant : SwigluLaunch<FedVariant<BM, BN, BK, STAGES, PW, kSwiglu>, BM
     detail::launch(kFused  ? "matmul_fed_swiglu_kernel"
                    : kRope ? "matmul_fed_rope_kernel"
                            : "matmul_fed_kernel",
-                   kernel, std::min(grid.ctas, resident(kernel)), T::kThreads, T::kSmemBytes,
-                   a.stream, ws, a.x, static_cast<uint32_t>(a.n_in),
+                   kernel, std::min(grid.ctas, resident<kF16, kFused, kRope>()), T::kThreads,
+                   T::kSmemBytes, a.stream, ws, a.x, static_cast<uint32_t>(a.n_in),
                    static_cast<uint32_t>(a.n_rows), grid.row_tiles, grid.ctas, y_bf16, rk);
   }
   template <bool kF16>
@@ -1044,14 +1044,16 @@ struct FedVariant : SwigluLaunch<FedVariant<BM, BN, BK, STAGES, PW, kSwiglu>, BM
   static void launch_rope(const Args& a, const RopeKv& rk) {
     go<false, false, true>(a, a.ws, BM, nullptr, rk);
   }
-  // The CTAs of `kernel` that fit on this device at once (per device, once).
-  template <class Kernel>
-  static unsigned resident(Kernel kernel) {
+  // The CTAs of that kernel that fit on this device at once (per kernel
+  // and device, once: the kernels share one signature, not their registers).
+  template <bool kF16, bool kFused, bool kRope>
+  static unsigned resident() {
     static std::atomic<unsigned> known[64];
     return per_device(known, [&](int) {
       int per_sm = 0;
-      FERRY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, T::kThreads,
-                                                                     T::kSmemBytes));
+      FERRY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &per_sm, matmul_fed_kernel<BM, BN, BK, STAGES, PW, kF16, kFused, kRope>, T::kThreads,
+          T::kSmemBytes));
       return static_cast<unsigned>(std::max<size_t>(1, device_sms() * std::max(per_sm, 0)));
     });
   }
