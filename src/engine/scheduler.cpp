@@ -86,7 +86,9 @@ uint64_t Scheduler::submit(const GenerationRequest& req, Sink sink, size_t top_l
   r->seq = std::make_unique<Sequence>(req, tok_, model_.config().context_length,
                                       [p = r.get()](std::string_view s) { p->text += s; });
   const size_t total = std::min(req.prompt.size() + req.max_tokens, model_.config().context_length);
-  r->projected = batch_.projected_bytes(total, opts_.prefill_chunk);
+  // From the spec, not batch_: the engine thread replaces batch_ (under
+  // mu_) while callers submit.
+  r->projected = spec_.projected_bytes(total, opts_.prefill_chunk);
   r->submitted = Clock::now();
   std::lock_guard<std::mutex> lock(mu_);
   if (!accepting_) fail("admission", "the server is shutting down");

@@ -75,20 +75,28 @@ static size_t layer_bytes_per_token(const KvSpec& s, const KvLayerSpec& l) {
          (l.k.bytes_per_head_token(s.head_dim) + l.v.bytes_per_head_token(s.head_dim));
 }
 
-size_t BatchKv::bytes_per_token() const {
+size_t KvSpec::bytes_per_token() const {
   size_t n = 0;
-  for (const auto& l : spec_.layers) n += layer_bytes_per_token(spec_, l);
+  for (const auto& l : layers) n += layer_bytes_per_token(*this, l);
   return n;
 }
 
-size_t BatchKv::projected_bytes(size_t tokens, size_t max_step) const {
+size_t KvSpec::projected_bytes(size_t tokens, size_t max_step) const {
   size_t n = 0;
-  for (const auto& l : spec_.layers) {
+  for (const auto& l : layers) {
     const size_t held =
         l.window ? std::min(tokens, l.window + std::max<size_t>(max_step, 1) - 1) : tokens;
-    n += layer_bytes_per_token(spec_, l) * held;
+    n += layer_bytes_per_token(*this, l) * held;
   }
   return n;
+}
+
+size_t BatchKv::bytes_per_token() const {
+  return spec_.bytes_per_token();
+}
+
+size_t BatchKv::projected_bytes(size_t tokens, size_t max_step) const {
+  return spec_.projected_bytes(tokens, max_step);
 }
 
 size_t BatchKv::allocated_bytes() const {

@@ -44,6 +44,11 @@ struct KvSpec {
                         kernels::KvFormat v);
   // Throws ferry::Error if a format cannot store head_dim.
   void validate() const;
+  // BatchKv::bytes_per_token and projected_bytes of a cache of this spec
+  // (they depend on nothing else, so admission can price a request without
+  // touching the engine's cache).
+  size_t bytes_per_token() const;
+  size_t projected_bytes(size_t tokens, size_t max_step = 1) const;
   bool operator==(const KvSpec&) const = default;
 };
 

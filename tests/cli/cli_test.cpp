@@ -49,10 +49,10 @@ TEST(Cli, HelpOnEverySubcommand) {
 }
 
 TEST(Cli, BadArgumentsGiveUsageErrorsNotCrashes) {
-  for (const char* args : {"run --max-tokens notanumber hi", "run --kv-bits 3 hi",
-                           "run --matmul fast hi", "bench --matmul fast", "bench --prompt-tokens 0",
-                           "bench --step-min-prefill 0", "serve --step-min-prefill x",
-                           "run --no-such-flag hi", "nosuchcommand", ""}) {
+  for (const char* args :
+       {"run --max-tokens notanumber hi", "run --kv-bits 3 hi", "run --matmul fast hi",
+        "bench --matmul fast", "bench --prompt-tokens 0", "bench --step-min-prefill 0",
+        "serve --step-min-prefill x", "run --no-such-flag hi", "nosuchcommand", ""}) {
     Result r = ferry(args, true);
     EXPECT_NE(r.code, 0) << args;
     EXPECT_LT(r.code, 128) << args;  // not killed by a signal
@@ -179,10 +179,12 @@ TEST(Cli, BadJsonlLineNamesTheLine) {
 // `ferry bench` on the tiny test model: exact token counts and sane figures.
 TEST(Cli, BenchJsonCountsAreExactAndFiguresSane) {
   const std::string model = std::string(FERRY_TEST_DATA) + "/models/tiny-llama-f32.gguf";
-  Result r = ferry("bench -q --json -m " + model +
-                   " --requests 6 --concurrency 3 --prompt-tokens 9 --output-tokens 5 "
-                   "--warmup 1 --prefill-chunk 4 -t 2");
-  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string args = "bench -q --json -m " + model +
+                           " --requests 6 --concurrency 3 --prompt-tokens 9 --output-tokens 5 "
+                           "--warmup 1 --prefill-chunk 4 -t 2";
+  Result r = ferry(args);
+  // (On failure, run again with stderr kept, to show why.)
+  ASSERT_EQ(r.code, 0) << r.out << ferry(args, true).out;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["requests"], 6);
   EXPECT_EQ(j["concurrency"], 3);
@@ -222,9 +224,9 @@ TEST(Cli, BenchJsonCountsAreExactAndFiguresSane) {
   EXPECT_NE(bad.out.find("--prompt-dist"), std::string::npos) << bad.out;
   Result help = ferry("bench --help");
   EXPECT_EQ(help.code, 0);
-  for (const char* flag : {"--requests", "--concurrency", "--prompt-tokens", "--output-tokens",
-                           "--step-target-ms", "--step-min-prefill", "--kv-bits", "--warmup",
-                           "--json"})
+  for (const char* flag :
+       {"--requests", "--concurrency", "--prompt-tokens", "--output-tokens", "--step-target-ms",
+        "--step-min-prefill", "--kv-bits", "--warmup", "--json"})
     EXPECT_NE(help.out.find(flag), std::string::npos) << flag;
 }
 
