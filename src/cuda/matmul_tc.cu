@@ -125,13 +125,13 @@ struct Weights {
 // per weight, its role: 0 plain, 1 rotated (q), 2 rotated and stored as
 // the step's K rows (k), 3 stored as its V rows (v); the rotation is
 // rope_kernel's (elementwise.cu) and the store kv_store_kernel's for dense
-// formats (kv: 0 none, 1 f32, 2 f16, 3 bf16), so the bits are theirs.
+// formats (kv: the cache's kind; Affine: no store), so the bits are theirs.
 struct RopeKv {
   const int32_t* pos = nullptr;     // [n_rows]
   const float* inv_freq = nullptr;  // [half]
   const KvWrite* writes = nullptr;  // [n_rows]: row r's cache slots
   uint32_t half = 0;                // head_dim / 2
-  uint32_t kv = 0;
+  kernels::KvFormat::Kind kv = kernels::KvFormat::Kind::Affine;
   uint8_t role[kMaxWeights] = {};
 };
 
@@ -470,7 +470,7 @@ __device__ __forceinline__ void rope_load(RopePrep<kNT>& p, const RopeKv& rk, ui
                                           uint32_t n_rows) {
   const uint32_t head_dim = 2 * rk.half;
   p.rotate = role == 1 || role == 2;
-  p.store = (role == 2 || role == 3) && rk.kv != 0;
+  p.store = (role == 2 || role == 3) && rk.kv != kernels::KvFormat::Kind::Affine;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const uint32_t j = j0 + 8 * h;
@@ -499,7 +499,7 @@ __device__ __forceinline__ void rope_load(RopePrep<kNT>& p, const RopeKv& rk, ui
 template <int kNT>
 __device__ __forceinline__ void rope_finish(RopePrep<kNT>& p, const RopeKv& rk, uint32_t j0,
                                             uint32_t r0, uint32_t n_out, uint32_t n_rows) {
-  const uint32_t head_dim = 2 * rk.half, bytes = rk.kv == 1 ? 4 : 2;
+  const uint32_t head_dim = 2 * rk.half, bytes = rk.kv == kernels::KvFormat::Kind::F32 ? 4 : 2;
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
@@ -539,10 +539,11 @@ __device__ __forceinline__ void rope_kv_epilogue(const float (&acc)[kNT][4], con
       }
       y[size_t{r} * n_out + j] = v;
       if (uint8_t* d = p.dst[nt][e]) {
-        if (rk.kv == 1)
+        if (rk.kv == kernels::KvFormat::Kind::F32)
           *reinterpret_cast<float*>(d) = v;
         else
-          *reinterpret_cast<uint16_t*>(d) = rk.kv == 2 ? f2h(v) : f2bf(v);
+          *reinterpret_cast<uint16_t*>(d) =
+              rk.kv == kernels::KvFormat::Kind::F16 ? f2h(v) : f2bf(v);
       }
     }
 }
@@ -1358,20 +1359,7 @@ void matmul_tc_qkv_rope_with(size_t cfg, const uint16_t* const (&w)[3], size_t n
   rk.inv_freq = ep.inv_freq;
   rk.writes = ep.writes;
   rk.half = static_cast<uint32_t>(ep.head_dim / 2);
-  switch (ep.kv) {
-    case kernels::KvFormat::Kind::F32:
-      rk.kv = 1;
-      break;
-    case kernels::KvFormat::Kind::F16:
-      rk.kv = 2;
-      break;
-    case kernels::KvFormat::Kind::BF16:
-      rk.kv = 3;
-      break;
-    case kernels::KvFormat::Kind::Affine:
-      rk.kv = 0;
-      break;
-  }
+  rk.kv = ep.kv;
   for (int i = 0; i < 3; ++i) {
     check_args(n_in, n_out[i], n_rows, w[i], x);
     if (n_out[i] == 0) continue;

@@ -421,6 +421,27 @@ TEST(CudaTc, QkvEpilogueEqualsSeparateOps) {
   EXPECT_TRUE(cuda::matmul_tc_qkv_rope_applies(4096, 6144, 1));
   EXPECT_TRUE(cuda::matmul_tc_qkv_rope_applies(4096, 6144, 8));
   EXPECT_FALSE(cuda::matmul_tc_qkv_rope_applies(4096, 6144, 9));
+  {  // Refused by name: a variant without the epilogue, a head_dim that does
+     // not divide the outputs, a dense store without its writes.
+    const DeviceBuffer<uint16_t> w(64 * 64), x(64);
+    DeviceBuffer<float> y(64);
+    const uint16_t* const ws[3] = {w.get(), w.get(), w.get()};
+    float* const ys[3] = {y.get(), y.get(), y.get()};
+    const size_t outs[3] = {64, 32, 32};
+    cuda::QkvEpilogue ep;
+    ep.head_dim = 16;
+    for (size_t cfg = 0; cfg < cuda::tc::n_configs(); ++cfg) {
+      if (cuda::tc::rope_variant(cfg)) continue;
+      EXPECT_THROW(
+          cuda::tc::matmul_tc_qkv_rope_with(cfg, ws, 64, outs, x.get(), 1, ys, ep, nullptr), Error)
+          << cuda::tc::config(cfg).name;
+    }
+    ep.head_dim = 24;
+    EXPECT_THROW(cuda::matmul_tc_qkv_rope(ws, 64, outs, x.get(), 1, ys, ep, nullptr), Error);
+    ep.head_dim = 16;
+    ep.kv = KvFormat::Kind::BF16;
+    EXPECT_THROW(cuda::matmul_tc_qkv_rope(ws, 64, outs, x.get(), 1, ys, ep, nullptr), Error);
+  }
   const size_t n_in = 1040, C = 48, q_heads = 4, kv_heads = 2;
   for (size_t hd : {64, 128}) {
     const size_t n_outs[3] = {q_heads * hd, kv_heads * hd, kv_heads * hd};
