@@ -68,7 +68,8 @@ struct BenchOptions {
   size_t prompt_tokens = 128, output_tokens = 128;
   std::string prompt_dist, output_dist;  // override the fixed lengths
   uint64_t seed = 0;
-  float temperature = 0;
+  float temperature = 0, top_p = 1;
+  int32_t top_k = 0;
   DeviceOptions device;
   KvOptions kv{"f16"};
   size_t kv_budget_mb = 0;
@@ -133,6 +134,8 @@ Workload make_workload(const BenchOptions& o, const LoadedModel& l,
     r.ignore_eos = true;
     r.logprobs = false;  // as a client that does not ask for them
     r.sampling.temperature = o.temperature;
+    r.sampling.top_p = o.top_p;
+    r.sampling.top_k = o.top_k;
     r.sampling.seed = seed + i;
     r.prefill_chunk = o.sched.prefill_chunk;
     r.kv_k = r.kv_v = o.sched.kv_k;
@@ -263,6 +266,8 @@ nlohmann::json report(const BenchOptions& o, const LoadedModel& l, const Workloa
   j["output_dist"] = od.name();
   j["seed"] = o.seed;
   j["temperature"] = o.temperature;
+  j["top_p"] = o.top_p;
+  j["top_k"] = o.top_k;
   j["threads"] = o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   j["kv"] = so.kv_k.name();
   j["matmul"] = std::string(kernels::matmul_mode_name(so.matmul));
@@ -389,6 +394,12 @@ Action add_bench_command(CLI::App& app) {
   cmd->add_option("--temperature", o->temperature, "Sampling temperature (0: greedy)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 2.0));
+  cmd->add_option("--top-p", o->top_p, "Nucleus sampling mass (1: off)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--top-k", o->top_k, "Sample among the k most likely tokens (0: off)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--warmup", o->warmup, "Unmeasured requests run first, at the same concurrency")
       ->capture_default_str();
   o->kv.add_to(cmd);

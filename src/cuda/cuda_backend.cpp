@@ -823,9 +823,10 @@ class CudaBackend final : public model::Backend {
     cuda::attention(d, places.size(), shape, formats, w, stream_);
   }
 
-  // Greedy and top-k rows reduce on the device (select_logits) and copy
-  // back their few largest logits; only rows that asked for it copy the
-  // whole vocabulary row. One synchronisation, at the end.
+  // Greedy and top-n rows reduce on the device (select_logits) and copy
+  // back their few largest logits, sampled rows draw their token there
+  // (draw_logits); only rows that asked for it copy the whole vocabulary
+  // row. One synchronisation, at the end.
   void outputs(const float* logits, size_t n_out, size_t vocab,
                std::span<const model::OutputNeed> needs, model::StepOutputs& out) override {
     end_graph();
@@ -839,6 +840,8 @@ class CudaBackend final : public model::Backend {
     size_t n_full = 0, stride = 0;
     bool any_lse = false;
     select_jobs_.resize(n_out);
+    draw_jobs_.assign(n_out, DrawJob{});
+    bool any_draw = false;
     for (size_t o = 0; o < n_out; ++o) {
       const model::OutputNeed& n = needs[o];
       FERRY_CHECK(n.top_n <= model::kMaxTopN, "cuda", "top_n ", n.top_n, " over the limit of ",
@@ -849,6 +852,10 @@ class CudaBackend final : public model::Backend {
       select_jobs_[o] = SelectJob{top_n, lse ? 1u : 0u};
       stride = std::max<size_t>(stride, top_n);
       any_lse = any_lse || lse;
+      if (!n.full && n.draw) {
+        draw_jobs_[o] = DrawJob{*n.draw, 1u};
+        any_draw = true;
+      }
     }
     // Resized, not cleared: kept across steps, no allocation or zeroing.
     out.logits.resize(n_full * vocab);
@@ -892,11 +899,20 @@ class CudaBackend final : public model::Backend {
         back(lse_sum_.data(), sum, n_out * 8);
       }
     }
+    out.drawn.assign(any_draw ? n_out : 0, model::TopLogit{NAN, -1});
+    if (any_draw) {
+      auto* d = static_cast<model::TopLogit*>(drawn_.get(n_out * sizeof(model::TopLogit), stream_));
+      cuda::draw_logits(logits, n_out, vocab, upload(std::span<const DrawJob>(draw_jobs_)), d,
+                        stream_);
+      FERRY_CUDA_CHECK(cudaMemcpyAsync(out.drawn.data(), d, n_out * sizeof(model::TopLogit),
+                                       cudaMemcpyDeviceToHost, stream_));
+    }
     FERRY_CUDA_CHECK(cudaStreamSynchronize(stream_));
     if (profile_) profile_->end_step();
     for (size_t o = 0; o < n_out; ++o) {
       if (select_jobs_[o].top_n > 0) out.top_count[o] = select_count_[o];
       if (select_jobs_[o].lse) out.lse[o] = model::LogSumExp{lse_max_[o], lse_sum_[o]};
+      if (any_draw && !draw_jobs_[o].active) out.drawn[o] = model::TopLogit{NAN, -1};
     }
   }
 
@@ -1148,7 +1164,7 @@ class CudaBackend final : public model::Backend {
   void* blas_workspace_ = nullptr;
   std::shared_ptr<DeviceKvAllocator> kv_alloc_;
   std::vector<void*> owned_;  // weights and vectors
-  Growable arena_, dequant_, xconv_, xtc_, xtc_out_, xq_, attn_ws_, select_;
+  Growable arena_, dequant_, xconv_, xtc_, xtc_out_, xq_, attn_ws_, select_, drawn_;
   bool dense_weights_ = false;  // a BF16/F16 weight was loaded
   Bf16Copy bf16_copy_;
   // Staging for uploads: pinned host memory and its device twin.
@@ -1170,6 +1186,7 @@ class CudaBackend final : public model::Backend {
   std::vector<KvWrite> writes_;
   std::vector<AttentionJob> jobs_;
   std::vector<SelectJob> select_jobs_;
+  std::vector<DrawJob> draw_jobs_;
   Mode mode_ = Mode::Direct;
   // This step's per-layer job lists (layer_shifts).
   int shifts_state_ = 0;  // 0: undecided, 1: expand, -1: per layer

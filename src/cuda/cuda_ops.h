@@ -229,6 +229,17 @@ void select_logits(const float* logits, size_t n_rows, size_t vocab, const Selec
                    size_t stride, model::TopLogit* top, uint32_t* count, float* lse_max,
                    double* lse_sum, cudaStream_t stream);
 
+// Per row r of logits [n_rows, vocab] whose jobs[r].active is set: the token
+// model::draw_from_row draws with jobs[r].spec, as {raw logit, id} into
+// out[r] (id -1 when every logit is NaN); the same token as the host's, bit
+// for bit. Other rows' out[r] is left.
+struct DrawJob {
+  model::DrawSpec spec;
+  uint32_t active = 0;
+};
+void draw_logits(const float* logits, size_t n_rows, size_t vocab, const DrawJob* jobs,
+                 model::TopLogit* out, cudaStream_t stream);
+
 // Throws ferry::Error("[cuda] <what>: <error string> at file:line") if err
 // is not cudaSuccess.
 void check(cudaError_t err, const char* what, const char* file, int line);

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "model/draw.h"
 
 namespace ferry::engine {
 
@@ -106,11 +107,6 @@ LogSumExp log_sum_exp(std::span<const float> logits) {
   for (float l : logits) r.sum += std::exp(static_cast<double>(l) - r.max);
   return r;
 }
-// Sort by logit descending, id ascending: a total order, so the candidate
-// list is the same on every run.
-bool before(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
-  return a.first != b.first ? a.first > b.first : a.second < b.second;
-}
 }  // namespace
 
 bool Sampler::penalized() const {
@@ -118,39 +114,46 @@ bool Sampler::penalized() const {
          params_.frequency_penalty != 0.0f;
 }
 
+model::DrawSpec Sampler::spec(double u) const {
+  model::DrawSpec d;
+  d.inv_temp = 1.0f / params_.temperature;
+  d.top_k = params_.top_k > 0 ? static_cast<uint32_t>(params_.top_k) : 0;
+  d.top_p = params_.top_p;
+  d.log_min_p = params_.min_p > 0.0f
+                    ? static_cast<float>(std::log(static_cast<double>(params_.min_p)))
+                    : -INFINITY;
+  d.u = u;
+  return d;
+}
+
 model::OutputNeed Sampler::need(bool want_logprob) const {
   model::OutputNeed n;
   n.lse = want_logprob;
-  if (penalized()) return n;  // penalties change logits the reduction would not see
+  if (penalized()) return n;  // penalties change logits the device never saw
+  n.full = false;
   if (params_.temperature == 0.0f) {
-    n.full = false;
     n.top_n = 1;
-  } else if (params_.top_k > 0 && static_cast<uint32_t>(params_.top_k) <= model::kMaxTopN) {
-    n.full = false;
-    n.top_n = static_cast<uint32_t>(params_.top_k);
+  } else {
+    Rng next = rng_;  // the uniform sample() will take
+    n.draw = spec(next.uniform());
   }
   return n;
 }
 
 Sampled Sampler::sample(const model::RowLogits& row, bool want_logprob) {
   if (!row.full.empty()) return sample(row.full, want_logprob);
-  const model::OutputNeed n = need(want_logprob);
-  FERRY_CHECK(!n.full && !row.top.empty() && (!want_logprob || row.lse.valid()), "sampling",
-              "the step delivered neither the whole row nor its largest logits");
-  int32_t chosen = row.top[0].id;
-  float raw_chosen = row.top[0].value;
-  if (params_.temperature != 0.0f) {
-    const size_t k = std::min<size_t>(n.top_n, row.top.size());
-    cand_.clear();
-    for (size_t i = 0; i < k; ++i)
-      cand_.emplace_back(row.top[i].value / params_.temperature, row.top[i].id);
-    // Scaling can make neighbours equal: re-sort as the whole-row path does.
-    std::sort(cand_.begin(), cand_.end(), before);
-    chosen = draw();
-    for (size_t i = 0; i < k; ++i)
-      if (row.top[i].id == chosen) raw_chosen = row.top[i].value;
+  FERRY_CHECK(!penalized() && (!want_logprob || row.lse.valid()), "sampling",
+              "the step delivered neither the whole row nor what the sampler asked for");
+  model::TopLogit chosen;
+  if (params_.temperature == 0.0f) {
+    FERRY_CHECK(!row.top.empty(), "sampling", "the step delivered no largest logit");
+    chosen = row.top[0];
+  } else {
+    FERRY_CHECK(row.drawn.id >= 0, "sampling", "the step delivered no drawn token");
+    rng_.uniform();  // the draw's uniform, taken on the device
+    chosen = row.drawn;
   }
-  return Sampled{chosen, want_logprob ? row.lse.logprob(raw_chosen) : NAN};
+  return Sampled{chosen.id, want_logprob ? row.lse.logprob(chosen.value) : NAN};
 }
 
 float log_softmax_at(std::span<const float> logits, int32_t token) {
@@ -176,63 +179,13 @@ Sampled Sampler::sample(std::span<float> logits, bool want_logprob) {
     // Greedy; ties go to the lowest id.
     chosen = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   } else {
-    cand_.clear();
-    cand_.reserve(V);
-    for (size_t i = 0; i < V; ++i)
-      cand_.emplace_back(logits[i] / params_.temperature, static_cast<int32_t>(i));
-    size_t keep = V;
-    if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < V) {
-      keep = static_cast<size_t>(params_.top_k);
-      std::partial_sort(cand_.begin(), cand_.begin() + keep, cand_.end(), before);
-      cand_.resize(keep);
-    } else {
-      std::sort(cand_.begin(), cand_.end(), before);
-    }
-    chosen = draw();
+    chosen = model::draw_from_row(logits, spec(rng_.uniform())).id;
+    FERRY_CHECK(chosen >= 0, "sampling", "every logit of the row is NaN");
   }
   float raw_chosen = logits[chosen];
   for (const auto& [t, l] : saved_)
     if (t == chosen) raw_chosen = l;
   return Sampled{chosen, want_logprob ? raw.logprob(raw_chosen) : NAN};
-}
-
-int32_t Sampler::draw() {
-  // Softmax over the survivors (double, in sorted order).
-  const double mx = cand_[0].first;
-  std::vector<double>& p = probs_;
-  p.resize(cand_.size());
-  double sum = 0.0;
-  for (size_t i = 0; i < cand_.size(); ++i) sum += p[i] = std::exp(cand_[i].first - mx);
-  for (double& x : p) x /= sum;
-  // min-p: drop tokens below min_p * p_max.
-  size_t n = cand_.size();
-  if (params_.min_p > 0.0f) {
-    const double floor = params_.min_p * p[0];
-    while (n > 1 && p[n - 1] < floor) --n;
-  }
-  // top-p: smallest prefix whose mass reaches top_p.
-  if (params_.top_p < 1.0f) {
-    double acc = 0.0;
-    size_t m = 0;
-    while (m < n) {
-      acc += p[m++];
-      if (acc >= params_.top_p) break;
-    }
-    n = m;
-  }
-  double mass = 0.0;
-  for (size_t i = 0; i < n; ++i) mass += p[i];
-  double u = rng_.uniform() * mass;
-  int32_t chosen = cand_[n - 1].second;
-  double acc = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    acc += p[i];
-    if (u < acc) {
-      chosen = cand_[i].second;
-      break;
-    }
-  }
-  return chosen;
 }
 
 }  // namespace ferry::engine

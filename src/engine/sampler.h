@@ -48,13 +48,14 @@ class Sampler {
   // Without want_logprob, Sampled::logprob is NaN and the vocabulary-wide
   // normaliser is skipped.
   Sampled sample(std::span<float> logits, bool want_logprob = true);
-  // What sample(RowLogits) needs of the step's output: the largest logits
-  // when they decide the token alone (greedy, or top-k without penalties;
-  // each a reduction on the device), else the whole row.
+  // What sample(RowLogits) needs of the step's output: the largest logit
+  // for greedy, a token drawn by model::draw_from_row's definition with
+  // the uniform the next sample() takes (both reductions a device can do),
+  // or the whole row when penalties rewrite it.
   model::OutputNeed need(bool want_logprob) const;
   // Samples from a step's output: its whole row when present (as above),
-  // else from the largest logits `need` asked for. Both give the same
-  // token for the same logits and generator state.
+  // else what `need` asked for. Both give the same token for the same
+  // logits and generator state.
   Sampled sample(const model::RowLogits& row, bool want_logprob);
   // Records a generated token (for penalties).
   void accept(int32_t token);
@@ -63,17 +64,14 @@ class Sampler {
  private:
   void apply_penalties(std::span<float> logits) const;
   bool penalized() const;
-  // Draws from cand_ (temperature-scaled logits sorted by value desc, id
-  // asc) after min-p and top-p.
-  int32_t draw();
+  // The draw's parameters with uniform u.
+  model::DrawSpec spec(double u) const;
 
   SamplingParams params_;
   Rng rng_;
   std::unordered_map<int32_t, int32_t> generated_counts_;
   std::vector<int32_t> seen_;  // prompt ∪ generated, for repetition_penalty
   std::vector<uint8_t> seen_mask_;
-  std::vector<std::pair<float, int32_t>> cand_;  // reused across tokens
-  std::vector<double> probs_;
   std::vector<std::pair<int32_t, float>> saved_;  // raw logits penalties change
 };
 

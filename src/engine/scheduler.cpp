@@ -288,7 +288,8 @@ bool Scheduler::step() {
   }
 
   // 3. One forward for every row; each output brings back what its
-  //    sampler needs (on a GPU, greedy and top-k reduce on the device).
+  //    sampler needs (on a GPU, greedy reduces and sampling draws on the
+  //    device).
   needs_.clear();
   for (size_t b = 0; b < B; ++b) {
     if (!rows[b].want_logits || rows[b].tokens.empty()) continue;

@@ -11,6 +11,7 @@ RowLogits StepOutputs::row(size_t o) {
   if (o < top_count.size())
     r.top = std::span<const TopLogit>(top).subspan(o * top_stride, top_count[o]);
   if (o < lse.size()) r.lse = lse[o];
+  if (o < drawn.size()) r.drawn = drawn[o];
   return r;
 }
 
@@ -25,6 +26,7 @@ void StepOutputs::reset_full(size_t n, size_t v) {
   top.clear();
   top_count.clear();
   lse.clear();
+  drawn.clear();
 }
 
 void select_from_row(std::span<const float> row, uint32_t top_n, std::vector<TopLogit>& top,
@@ -40,7 +42,8 @@ void select_from_row(std::span<const float> row, uint32_t top_n, std::vector<Top
   }
   if (top_n == 0) return;
   for (size_t i = 0; i < row.size(); ++i)
-    if (!std::isnan(row[i])) top.push_back({row[i] == 0.0f ? 0.0f : row[i], static_cast<int32_t>(i)});
+    if (!std::isnan(row[i]))
+      top.push_back({row[i] == 0.0f ? 0.0f : row[i], static_cast<int32_t>(i)});
   const size_t n = std::min<size_t>(top_n, top.size());
   std::partial_sort(top.begin(), top.begin() + static_cast<long>(n), top.end(),
                     [](const TopLogit& a, const TopLogit& b) {

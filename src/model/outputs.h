@@ -14,8 +14,11 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
+
+#include "model/draw.h"
 
 namespace ferry::model {
 
@@ -26,6 +29,9 @@ struct OutputNeed {
   bool full = true;    // the whole row on the host
   uint32_t top_n = 0;  // the top_n largest logits (value desc, then id asc)
   bool lse = false;    // the row's max and sum of exp(l - max)
+  // A token drawn on the device by draw_from_row's definition (model/draw.h)
+  // with this spec; the row is then not needed on the host for sampling.
+  std::optional<DrawSpec> draw;
 };
 
 struct TopLogit {
@@ -49,18 +55,20 @@ struct RowLogits {
   std::span<float> full;          // the whole row, or empty
   std::span<const TopLogit> top;  // largest first (may hold more than asked)
   LogSumExp lse;                  // invalid unless asked for (or full)
+  TopLogit drawn{NAN, -1};        // the token drawn as asked, or id -1
 };
 
 // A step's outputs on the host; kept by the caller across steps so that
 // steady-state steps allocate nothing.
 struct StepOutputs {
   size_t vocab = 0;
-  std::vector<float> logits;       // the whole rows delivered, packed
-  std::vector<int64_t> full_row;   // per output: its row in `logits`, or -1
-  size_t top_stride = 0;           // entries per output in `top`
-  std::vector<TopLogit> top;       // per output: top_stride slots
-  std::vector<uint32_t> top_count; // per output: how many are filled
-  std::vector<LogSumExp> lse;      // per output
+  std::vector<float> logits;        // the whole rows delivered, packed
+  std::vector<int64_t> full_row;    // per output: its row in `logits`, or -1
+  size_t top_stride = 0;            // entries per output in `top`
+  std::vector<TopLogit> top;        // per output: top_stride slots
+  std::vector<uint32_t> top_count;  // per output: how many are filled
+  std::vector<LogSumExp> lse;       // per output
+  std::vector<TopLogit> drawn;      // per output when any was drawn (id -1: not)
 
   size_t size() const { return full_row.size(); }
   RowLogits row(size_t o);

@@ -213,10 +213,11 @@ TEST(SmolLM2Gpu, LogitsMatchCpuAndGreedy32Identical) {
   }
 }
 
-// A step that reduces its outputs on the device (greedy/top-k sampling's
-// path) gives the same largest logits, bit for bit, as the whole rows of the
-// same step reduced on the host; rows asking for their whole row get it
-// beside reduced ones in one step.
+// A step that reduces its outputs on the device (greedy sampling's and top
+// logprobs' path; sampled rows' drawn token) gives the same largest logits
+// and tokens, bit for bit, as the whole rows of the same step reduced on the
+// host; rows asking for their whole row get it beside reduced ones in one
+// step.
 TEST(GpuOutputs, ReducedStepsMatchWholeRows) {
   const std::string path = test::data_path("models/tiny-llama3-f32.gguf");
   auto gpu = gpu_model(path);
@@ -240,6 +241,10 @@ TEST(GpuOutputs, ReducedStepsMatchWholeRows) {
     needs[0] = {false, 1, true};
     needs[1] = {false, 7, step % 2 == 0};
     needs[2] = {step % 3 == 0, 3, true};  // now and then the whole row
+    // Sampled rows draw on the device; with top logprobs beside a draw.
+    needs[1].draw =
+        DrawSpec{1.0f / 0.8f, 0, 0.9f, std::log(0.02f), (step * 0.37) - std::floor(step * 0.37)};
+    if (step % 2) needs[0].draw = DrawSpec{1.0f, 5, 1.0f, -INFINITY, 0.999};
     gpu->forward(ctx, whole, in, logits);
     gpu->step(ctx, part, in, needs, out);
     if (step == 0) {
@@ -265,6 +270,13 @@ TEST(GpuOutputs, ReducedStepsMatchWholeRows) {
         if (needs[o].lse) {
           EXPECT_EQ(got.lse.max, lse.max);
           EXPECT_NEAR(got.lse.sum, lse.sum, 1e-12 * lse.sum);
+        }
+        if (needs[o].draw) {
+          const TopLogit d = draw_from_row(row, *needs[o].draw);
+          EXPECT_EQ(got.drawn.id, d.id) << "step " << step << " output " << o;
+          EXPECT_EQ(got.drawn.value, d.value) << "step " << step << " output " << o;
+        } else {
+          EXPECT_EQ(got.drawn.id, -1) << "step " << step << " output " << o;
         }
       }
       next[o] = want.empty() ? 0 : want[0].id;

@@ -183,6 +183,71 @@ TEST(CudaOps, SelectLogitsMatchesTheReference) {
   }
 }
 
+// draw_logits draws model::draw_from_row's token (id and raw logit, bit for
+// bit) on rows with heavy ties, -0, NaN and -inf, over temperatures, top-k
+// (off, 1, a few, past the row), top-p and min-p and uniforms at both ends;
+// rows not asked are left as they were; an all-NaN row draws id -1.
+TEST(CudaOps, DrawLogitsMatchesTheReference) {
+  REQUIRE_GPU();
+  for (size_t vocab : {7u, 1000u, 128256u}) {
+    std::mt19937 gen(static_cast<uint32_t>(vocab) + 5);
+    std::uniform_real_distribution<double> uni(0.0, 1.0);
+    std::vector<cuda::DrawJob> jobs;
+    const float temps[] = {0.2f, 0.7f, 1.0f, 2.0f};
+    const uint32_t ks[] = {0, 1, 4, 50, 1u << 20};
+    const float ps[] = {1.0f, 0.95f, 0.5f};
+    const float min_ps[] = {0.0f, 0.1f};
+    for (float t : temps)
+      for (uint32_t k : ks)
+        for (float p : ps)
+          for (float mp : min_ps) {
+            cuda::DrawJob j;
+            j.spec.inv_temp = 1.0f / t;
+            j.spec.top_k = k;
+            j.spec.top_p = p;
+            j.spec.log_min_p = mp > 0 ? std::log(mp) : -INFINITY;
+            const size_t n = jobs.size();
+            j.spec.u = n % 17 == 0 ? 0.0 : (n % 17 == 1 ? std::nextafter(1.0, 0.0) : uni(gen));
+            j.active = n % 23 == 5 ? 0u : 1u;
+            jobs.push_back(j);
+          }
+    const size_t rows = jobs.size();
+    std::vector<float> logits(rows * vocab);
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t i = 0; i < vocab; ++i) {
+        const uint32_t k = gen() % 64;
+        float v = static_cast<float>(static_cast<int>(gen() % 2001) - 1000) / 64.0f;
+        if (r % 3 == 0) v = std::round(v / 4);  // many ties
+        if (k == 0) v = NAN;
+        if (k == 1) v = -0.0f;
+        if (k == 2) v = -INFINITY;
+        logits[r * vocab + i] = v;
+      }
+    for (size_t i = 0; i < vocab; ++i) logits[(rows - 1) * vocab + i] = NAN;
+    jobs[rows - 1].active = 1;
+    DeviceBuffer<float> d_logits(logits);
+    DeviceBuffer<cuda::DrawJob> d_jobs(jobs);
+    DeviceBuffer<model::TopLogit> d_out(rows);
+    d_out.poison();
+    cuda::draw_logits(d_logits.get(), rows, vocab, d_jobs.get(), d_out.get(), nullptr);
+    const auto out = d_out.download();
+    for (size_t r = 0; r < rows; ++r) {
+      const std::string what = "vocab " + std::to_string(vocab) + " row " + std::to_string(r);
+      if (!jobs[r].active) {
+        model::TopLogit poisoned;
+        std::memset(&poisoned, 0xff, sizeof(poisoned));
+        EXPECT_EQ(std::memcmp(&out[r], &poisoned, sizeof(poisoned)), 0) << what;
+        continue;
+      }
+      const std::span<const float> row(&logits[r * vocab], vocab);
+      const model::TopLogit want = model::draw_from_row(row, jobs[r].spec);
+      ASSERT_EQ(out[r].id, want.id) << what;
+      if (want.id >= 0) ASSERT_EQ(std::memcmp(&out[r].value, &want.value, 4), 0) << what;
+    }
+    EXPECT_EQ(out[rows - 1].id, -1);
+  }
+}
+
 TEST(CudaOps, SiluMulMatchesCpu) {
   REQUIRE_GPU();
   auto g = random_floats(5003, 31, 8.0f), u = random_floats(5003, 32, 2.0f);

@@ -127,58 +127,72 @@ TEST(Sampler, ValidationNamesTheField) {
   EXPECT_THROW(p.validate(), Error);
 }
 
-// What a GPU step delivers instead of the whole row: the largest logits
-// and the log-sum-exp, computed by the reference reduction.
+// What a GPU step delivers instead of the whole row: the largest logits,
+// the log-sum-exp and the drawn token, by the reference reductions.
 model::RowLogits reduced(std::span<const float> row, const model::OutputNeed& need,
                          std::vector<model::TopLogit>& top) {
   model::RowLogits r;
   model::select_from_row(row, need.top_n, top, need.lse ? &r.lse : nullptr);
   r.top = top;
+  if (need.draw) r.drawn = model::draw_from_row(row, *need.draw);
   return r;
 }
 
-TEST(Sampler, NeedAsksForTheWholeRowOnlyWhenTheLargestLogitsDoNotDecide) {
+TEST(Sampler, NeedAsksForTheWholeRowOnlyWithPenalties) {
   SamplingParams p;
   p.temperature = 0;
   model::OutputNeed n = Sampler(p, {}).need(true);
   EXPECT_FALSE(n.full);
   EXPECT_EQ(n.top_n, 1u);
+  EXPECT_FALSE(n.draw);
   EXPECT_TRUE(n.lse);
-  p.temperature = 0.7f;
+  p.temperature = 0.5f;
   p.top_k = 40;
-  n = Sampler(p, {}).need(false);
+  p.top_p = 0.9f;
+  p.min_p = 0.25f;
+  p.seed = 9;
+  Sampler s(p, {});
+  n = s.need(false);
   EXPECT_FALSE(n.full);
-  EXPECT_EQ(n.top_n, 40u);
+  EXPECT_EQ(n.top_n, 0u);
   EXPECT_FALSE(n.lse);
-  p.top_k = 0;  // the whole vocabulary competes
-  EXPECT_TRUE(Sampler(p, {}).need(false).full);
-  p.top_k = static_cast<int32_t>(model::kMaxTopN) + 1;
-  EXPECT_TRUE(Sampler(p, {}).need(false).full);
-  p.top_k = 5;
-  p.repetition_penalty = 1.1f;  // penalties rewrite logits the reduction never saw
+  ASSERT_TRUE(n.draw);
+  EXPECT_EQ(n.draw->inv_temp, 2.0f);
+  EXPECT_EQ(n.draw->top_k, 40u);
+  EXPECT_EQ(n.draw->top_p, 0.9f);
+  EXPECT_EQ(n.draw->log_min_p, static_cast<float>(std::log(0.25)));
+  EXPECT_EQ(n.draw->u, Rng(9).uniform());       // the uniform the next sample takes
+  EXPECT_EQ(s.need(false).draw->u, n.draw->u);  // asking again draws nothing
+  p.top_k = 0;  // the whole vocabulary competes, still on the device
+  p.min_p = 0;
+  n = Sampler(p, {}).need(false);
+  ASSERT_TRUE(n.draw);
+  EXPECT_EQ(n.draw->top_k, 0u);
+  EXPECT_EQ(n.draw->log_min_p, -INFINITY);
+  p.repetition_penalty = 1.1f;  // penalties rewrite logits the device never saw
   EXPECT_TRUE(Sampler(p, {}).need(false).full);
 }
 
-// From the largest logits the sampler draws exactly what it draws from the
-// whole row: the same tokens, generator state and logprobs, over greedy and
-// top-k with temperature, min-p and top-p, on rows with ties.
-TEST(Sampler, LargestLogitsGiveTheSameTokensAsTheWholeRow) {
+// From what the device delivers the sampler draws exactly what it draws from
+// the whole row: the same tokens, generator state and logprobs, over greedy,
+// temperature alone and with top-k, min-p and top-p, on rows with ties.
+TEST(Sampler, DeviceReductionsGiveTheSameTokensAsTheWholeRow) {
   std::mt19937 gen(3);
   std::uniform_real_distribution<float> u(-4.0f, 4.0f);
   const float temps[] = {0.0f, 0.3f, 1.0f, 1.7f};
-  const int32_t top_ks[] = {1, 2, 7, 50};
+  const int32_t top_ks[] = {0, 1, 2, 7, 50};
   for (float t : temps)
     for (int32_t k : top_ks) {
       SamplingParams p;
       p.temperature = t;
       p.top_k = k;
-      p.top_p = k == 7 ? 0.8f : 1.0f;
-      p.min_p = k == 50 ? 0.05f : 0.0f;
+      p.top_p = k == 7 || k == 0 ? 0.8f : 1.0f;
+      p.min_p = k == 50 || k == 0 ? 0.05f : 0.0f;
       p.seed = 11;
       Sampler whole(p, {}), part(p, {});
-      const model::OutputNeed need = part.need(true);
-      ASSERT_FALSE(need.full);
       for (int step = 0; step < 30; ++step) {
+        const model::OutputNeed need = part.need(true);
+        ASSERT_FALSE(need.full);
         std::vector<float> row(300);
         for (float& x : row) x = std::round(u(gen) * 4) / 4;  // many ties
         std::vector<model::TopLogit> top;
@@ -206,8 +220,8 @@ TEST(SelectFromRow, OrdersByValueThenIdSkipsNanAndFoldsNegativeZero) {
   std::vector<model::TopLogit> top;
   model::LogSumExp lse;
   model::select_from_row(row, 6, top, &lse);
-  const std::vector<std::pair<float, int32_t>> want = {
-      {3.0f, 2}, {3.0f, 4}, {2.0f, 7}, {1.0f, 0}, {0.0f, 3}, {0.0f, 5}};
+  const std::vector<std::pair<float, int32_t>> want = {{3.0f, 2}, {3.0f, 4}, {2.0f, 7},
+                                                       {1.0f, 0}, {0.0f, 3}, {0.0f, 5}};
   ASSERT_EQ(top.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_EQ(top[i].value, want[i].first) << i;
