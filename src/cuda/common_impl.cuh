@@ -174,23 +174,38 @@ __device__ __forceinline__ void dependency_wait() {
 #endif
 }
 
+// launch() with the grid's blocks in clusters of `cluster` along x (Hopper
+// and later; 1: no clusters).
 template <class... Params, class... Args>
-void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-            cudaStream_t stream, Args&&... args) {
+void launch_cluster(const char* name, void (*kernel)(Params...), dim3 grid, unsigned cluster,
+                    dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
   int dev = 0;
   FERRY_CUDA_CHECK(cudaGetDevice(&dev));
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attrs[2]{};
+  unsigned n = 0;
+  if (dependent_launch(dev)) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n++].val.clusterDim = {cluster, 1, 1};
+  }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = dependent_launch(dev) ? 1 : 0;
+  cfg.attrs = attrs;
+  cfg.numAttrs = n;
   check(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(std::forward<Args>(args))...), name,
         __FILE__, __LINE__);
+}
+
+template <class... Params, class... Args>
+void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+            cudaStream_t stream, Args&&... args) {
+  launch_cluster(name, kernel, grid, 1, block, smem, stream, std::forward<Args>(args)...);
 }
 
 // Blocks for a grid-stride elementwise launch over n items.

@@ -186,7 +186,8 @@ TEST(CudaOps, SelectLogitsMatchesTheReference) {
 // draw_logits draws model::draw_from_row's token (id and raw logit, bit for
 // bit) on rows with heavy ties, -0, NaN and -inf, over temperatures, top-k
 // (off, 1, a few, past the row), top-p and min-p and uniforms at both ends;
-// rows not asked are left as they were; an all-NaN row draws id -1.
+// rows not asked are left as they were; an all-NaN row draws id -1; with
+// every number of blocks per row (1 to 8: clusters on Hopper).
 TEST(CudaOps, DrawLogitsMatchesTheReference) {
   REQUIRE_GPU();
   for (size_t vocab : {7u, 1000u, 128256u}) {
@@ -228,24 +229,30 @@ TEST(CudaOps, DrawLogitsMatchesTheReference) {
     DeviceBuffer<float> d_logits(logits);
     DeviceBuffer<cuda::DrawJob> d_jobs(jobs);
     DeviceBuffer<model::TopLogit> d_out(rows);
-    d_out.poison();
-    cuda::draw_logits(d_logits.get(), rows, vocab, d_jobs.get(), d_out.get(), nullptr);
-    const auto out = d_out.download();
-    for (size_t r = 0; r < rows; ++r) {
-      const std::string what = "vocab " + std::to_string(vocab) + " row " + std::to_string(r);
-      if (!jobs[r].active) {
-        model::TopLogit poisoned;
-        std::memset(&poisoned, 0xff, sizeof(poisoned));
-        EXPECT_EQ(std::memcmp(&out[r], &poisoned, sizeof(poisoned)), 0) << what;
-        continue;
+    for (const char* blocks : {"0", "1", "2", "4", "8"})  // per row; 0: as chosen
+    {
+      setenv("FERRY_CUDA_DRAW_CLUSTER", blocks, 1);
+      d_out.poison();
+      cuda::draw_logits(d_logits.get(), rows, vocab, d_jobs.get(), d_out.get(), nullptr);
+      const auto out = d_out.download();
+      for (size_t r = 0; r < rows; ++r) {
+        const std::string what =
+            "vocab " + std::to_string(vocab) + " row " + std::to_string(r) + " blocks " + blocks;
+        if (!jobs[r].active) {
+          model::TopLogit poisoned;
+          std::memset(&poisoned, 0xff, sizeof(poisoned));
+          EXPECT_EQ(std::memcmp(&out[r], &poisoned, sizeof(poisoned)), 0) << what;
+          continue;
+        }
+        const std::span<const float> row(&logits[r * vocab], vocab);
+        const model::TopLogit want = model::draw_from_row(row, jobs[r].spec);
+        ASSERT_EQ(out[r].id, want.id) << what;
+        if (want.id >= 0) ASSERT_EQ(std::memcmp(&out[r].value, &want.value, 4), 0) << what;
       }
-      const std::span<const float> row(&logits[r * vocab], vocab);
-      const model::TopLogit want = model::draw_from_row(row, jobs[r].spec);
-      ASSERT_EQ(out[r].id, want.id) << what;
-      if (want.id >= 0) ASSERT_EQ(std::memcmp(&out[r].value, &want.value, 4), 0) << what;
+      EXPECT_EQ(out[rows - 1].id, -1);
     }
-    EXPECT_EQ(out[rows - 1].id, -1);
   }
+  unsetenv("FERRY_CUDA_DRAW_CLUSTER");
 }
 
 TEST(CudaOps, SiluMulMatchesCpu) {
