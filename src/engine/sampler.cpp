@@ -1,6 +1,7 @@
 #include "engine/sampler.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <random>
 
@@ -116,7 +117,8 @@ bool Sampler::penalized() const {
 
 model::DrawSpec Sampler::spec(double u) const {
   model::DrawSpec d;
-  d.inv_temp = 1.0f / params_.temperature;
+  // Finite even for the tiniest temperature (0 * inf would make a NaN).
+  d.inv_temp = std::min(1.0f / params_.temperature, FLT_MAX);
   d.top_k = params_.top_k > 0 ? static_cast<uint32_t>(params_.top_k) : 0;
   d.top_p = params_.top_p;
   d.log_min_p = params_.min_p > 0.0f

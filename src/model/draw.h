@@ -37,8 +37,8 @@ namespace ferry::model {
 
 struct TopLogit;  // model/outputs.h
 
-// What a row's draw needs besides its logits. inv_temp > 0 (the caller's
-// 1 / temperature, rounded to float); top_k 0: off; top_p in (0, 1];
+// What a row's draw needs besides its logits. inv_temp finite and > 0 (the
+// caller's 1 / temperature, rounded to float); top_k 0: off; top_p in (0, 1];
 // log_min_p: log(min_p) as float, -inf when min-p is off; u in [0, 1).
 struct DrawSpec {
   float inv_temp = 1.0f;

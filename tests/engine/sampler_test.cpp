@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cfloat>
 #include <cmath>
 #include <map>
 #include <random>
@@ -108,6 +109,18 @@ TEST(Sampler, PenaltiesFollowOpenAIAndHFDefinitions) {
   EXPECT_EQ(s2.sample(l2).token, 2);  // 3/2 = 1.5 < 1.6
   EXPECT_FLOAT_EQ(l2[0], 1.5f);
   EXPECT_FLOAT_EQ(l2[1], -2.0f);
+}
+
+TEST(Sampler, TinyTemperatureKeepsTheScaledLogitsFinite) {
+  SamplingParams p;
+  p.temperature = 1e-44f;  // 1 / T overflows float
+  p.seed = 2;
+  Sampler s(p, {});
+  const model::OutputNeed n = s.need(false);
+  ASSERT_TRUE(n.draw);
+  EXPECT_EQ(n.draw->inv_temp, FLT_MAX);
+  auto l = logits_of({0.0f, -1e-3f, 1e-3f, 0.0f});
+  EXPECT_EQ(s.sample(l, false).token, 2);  // the others weigh 0 beside it
 }
 
 TEST(Sampler, ValidationNamesTheField) {
