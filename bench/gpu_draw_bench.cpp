@@ -79,7 +79,10 @@ int main() {
         else
           unsetenv("FERRY_CUDA_DRAW_CLUSTER");
         t[fixed] = time_launches(
-            [&](size_t) { cuda::draw_logits(logits, rows, kVocab, jobs, out, nullptr); }, 15);
+            [&](size_t) {
+              cuda::draw_logits(logits, rows, kVocab, jobs, nullptr, nullptr, out, nullptr);
+            },
+            15);
       }
       std::printf("%-38s %5zu %10.1f %10.1f %10.1f\n", s.name, rows, t[0] * 1e6, t[1] * 1e6,
                   argmax * 1e6);

@@ -68,7 +68,7 @@ struct BenchOptions {
   size_t prompt_tokens = 128, output_tokens = 128;
   std::string prompt_dist, output_dist;  // override the fixed lengths
   uint64_t seed = 0;
-  float temperature = 0, top_p = 1;
+  float temperature = 0, top_p = 1, repetition_penalty = 1, frequency_penalty = 0;
   int32_t top_k = 0;
   DeviceOptions device;
   KvOptions kv{"f16"};
@@ -136,6 +136,8 @@ Workload make_workload(const BenchOptions& o, const LoadedModel& l,
     r.sampling.temperature = o.temperature;
     r.sampling.top_p = o.top_p;
     r.sampling.top_k = o.top_k;
+    r.sampling.repetition_penalty = o.repetition_penalty;
+    r.sampling.frequency_penalty = o.frequency_penalty;
     r.sampling.seed = seed + i;
     r.prefill_chunk = o.sched.prefill_chunk;
     r.kv_k = r.kv_v = o.sched.kv_k;
@@ -268,6 +270,8 @@ nlohmann::json report(const BenchOptions& o, const LoadedModel& l, const Workloa
   j["temperature"] = o.temperature;
   j["top_p"] = o.top_p;
   j["top_k"] = o.top_k;
+  j["repetition_penalty"] = o.repetition_penalty;
+  j["frequency_penalty"] = o.frequency_penalty;
   j["threads"] = o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   j["kv"] = so.kv_k.name();
   j["matmul"] = std::string(kernels::matmul_mode_name(so.matmul));
@@ -400,6 +404,14 @@ Action add_bench_command(CLI::App& app) {
   cmd->add_option("--top-k", o->top_k, "Sample among the k most likely tokens (0: off)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--repetition-penalty", o->repetition_penalty,
+                  "Penalty on prompt and generated tokens (1: off)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 10.0));
+  cmd->add_option("--frequency-penalty", o->frequency_penalty,
+                  "Penalty per occurrence of a generated token (0: off)")
+      ->capture_default_str()
+      ->check(CLI::Range(-2.0, 2.0));
   cmd->add_option("--warmup", o->warmup, "Unmeasured requests run first, at the same concurrency")
       ->capture_default_str();
   o->kv.add_to(cmd);

@@ -841,6 +841,7 @@ class CudaBackend final : public model::Backend {
     bool any_lse = false;
     select_jobs_.resize(n_out);
     draw_jobs_.assign(n_out, DrawJob{});
+    draw_pens_.clear();
     bool any_draw = false;
     for (size_t o = 0; o < n_out; ++o) {
       const model::OutputNeed& n = needs[o];
@@ -853,7 +854,9 @@ class CudaBackend final : public model::Backend {
       stride = std::max<size_t>(stride, top_n);
       any_lse = any_lse || lse;
       if (!n.full && n.draw) {
-        draw_jobs_[o] = DrawJob{*n.draw, 1u};
+        draw_jobs_[o] = DrawJob{*n.draw, 1u, static_cast<uint32_t>(draw_pens_.size()),
+                                static_cast<uint32_t>(n.penalties.size())};
+        draw_pens_.insert(draw_pens_.end(), n.penalties.begin(), n.penalties.end());
         any_draw = true;
       }
     }
@@ -901,9 +904,18 @@ class CudaBackend final : public model::Backend {
     }
     out.drawn.assign(any_draw ? n_out : 0, model::TopLogit{NAN, -1});
     if (any_draw) {
-      auto* d = static_cast<model::TopLogit*>(drawn_.get(n_out * sizeof(model::TopLogit), stream_));
-      cuda::draw_logits(logits, n_out, vocab, upload(std::span<const DrawJob>(draw_jobs_)), d,
-                        stream_);
+      const size_t out_bytes = (n_out * sizeof(model::TopLogit) + 255) / 256 * 256;
+      uint8_t* d = static_cast<uint8_t*>(
+          drawn_.get(out_bytes + std::max<size_t>(draw_pens_.size(), 1) * sizeof(float), stream_));
+      const model::DrawPenalty* pens =
+          draw_pens_.empty() ? nullptr : upload(std::span<const model::DrawPenalty>(draw_pens_));
+      // Penalties rewrite the drawn rows in place: the step's logits are
+      // this backend's scratch, and every other reader of them (the whole
+      // rows' copies, select_logits) is enqueued before.
+      cuda::draw_logits(const_cast<float*>(logits), n_out, vocab,
+                        upload(std::span<const DrawJob>(draw_jobs_)), pens,
+                        reinterpret_cast<float*>(d + out_bytes),
+                        reinterpret_cast<model::TopLogit*>(d), stream_);
       FERRY_CUDA_CHECK(cudaMemcpyAsync(out.drawn.data(), d, n_out * sizeof(model::TopLogit),
                                        cudaMemcpyDeviceToHost, stream_));
     }
@@ -1187,6 +1199,7 @@ class CudaBackend final : public model::Backend {
   std::vector<AttentionJob> jobs_;
   std::vector<SelectJob> select_jobs_;
   std::vector<DrawJob> draw_jobs_;
+  std::vector<model::DrawPenalty> draw_pens_;
   Mode mode_ = Mode::Direct;
   // This step's per-layer job lists (layer_shifts).
   int shifts_state_ = 0;  // 0: undecided, 1: expand, -1: per layer

@@ -230,15 +230,21 @@ void select_logits(const float* logits, size_t n_rows, size_t vocab, const Selec
                    double* lse_sum, cudaStream_t stream);
 
 // Per row r of logits [n_rows, vocab] whose jobs[r].active is set: the token
-// model::draw_from_row draws with jobs[r].spec, as {raw logit, id} into
-// out[r] (id -1 when every logit is NaN); the same token as the host's, bit
-// for bit. Other rows' out[r] is left.
+// model::draw_from_row draws with jobs[r].spec from the row after
+// model::apply_draw_penalties(row, spec.repetition, penalties[pen_begin,
+// pen_begin + pen_count)), as {raw logit, id} into out[r] (id -1 when
+// every logit is NaN); the same token as the host's, bit for bit. The
+// penalties are applied to the row in place (logits is the step's scratch;
+// raw[pen_begin + j] keeps the j-th token's raw logit). Other rows' out[r]
+// is left.
 struct DrawJob {
   model::DrawSpec spec;
   uint32_t active = 0;
+  uint32_t pen_begin = 0, pen_count = 0;
 };
-void draw_logits(const float* logits, size_t n_rows, size_t vocab, const DrawJob* jobs,
-                 model::TopLogit* out, cudaStream_t stream);
+void draw_logits(float* logits, size_t n_rows, size_t vocab, const DrawJob* jobs,
+                 const model::DrawPenalty* penalties, float* raw, model::TopLogit* out,
+                 cudaStream_t stream);
 
 // Throws ferry::Error("[cuda] <what>: <error string> at file:line") if err
 // is not cudaSuccess.

@@ -79,7 +79,7 @@ __device__ __forceinline__ void each(const Ctx& c, unsigned rank, F&& f) {
 #pragma unroll
     for (int k = 0; k < kRun4; ++k) {
       const int j = base + lane + k * kStride;
-      v[k] = j < n4 ? __ldg(row4 + j) : make_float4(NAN, NAN, NAN, NAN);
+      v[k] = j < n4 ? row4[j] : make_float4(NAN, NAN, NAN, NAN);
     }
 #pragma unroll
     for (int k = 0; k < kRun4; ++k) {
@@ -330,7 +330,8 @@ __device__ Bound block_search(const Ctx& c, Shared& s, unsigned long long* warp_
 
 template <int kC>
 __global__ void __launch_bounds__(kThreads)
-    draw_kernel(const float* __restrict__ logits, size_t vocab, const DrawJob* __restrict__ jobs,
+    draw_kernel(float* __restrict__ logits, size_t vocab, const DrawJob* __restrict__ jobs,
+                const model::DrawPenalty* __restrict__ pens, float* __restrict__ raw,
                 model::TopLogit* __restrict__ out) {
   detail::dependency_wait();
   const unsigned row = blockIdx.x / kC, rank = kC == 1 ? 0u : cluster_rank();
@@ -340,8 +341,23 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ unsigned long long warp_hist[];  // kWarpHistBytes
   const int tid = threadIdx.x, lane = tid % 32;
   for (int b = tid; b < kWarps * 256; b += kThreads) warp_hist[b] = 0;
-  Ctx c{logits + static_cast<size_t>(row) * vocab, static_cast<int>(vocab), job.spec.inv_temp,
-        0.0f};
+  float* const row_logits = logits + static_cast<size_t>(row) * vocab;
+  Ctx c{row_logits, static_cast<int>(vocab), job.spec.inv_temp, 0.0f};
+
+  // Penalties, in place, by the cluster's first block (each token once).
+  const model::DrawPenalty* const pen = pens + job.pen_begin;
+  if (job.pen_count > 0) {
+    if (rank == 0)
+      for (uint32_t j = tid; j < job.pen_count; j += kThreads) {
+        const int32_t token = pen[j].token;
+        if (token < 0 || static_cast<size_t>(token) >= vocab) continue;
+        const float l = row_logits[token];
+        raw[job.pen_begin + j] = l;
+        row_logits[token] = model::draw_penalized(l, job.spec.repetition, pen[j].sub);
+      }
+    __threadfence();
+    peers_sync<kC>();
+  }
 
   // The largest scaled logit (a max: any order gives the same value) and
   // the count of non-NaN logits, over the block's share, then the cluster.
@@ -411,15 +427,22 @@ __global__ void __launch_bounds__(kThreads)
     auto place = [u](uint64_t w_s) { return model::draw_u_target(u, w_s); };
     t = block_search<kC>(c, s, warp_hist, rank, pass, place, in_s, weight);
   }
-  if (tid == 0 && rank == 0)
-    out[row] = t.id >= 0 ? model::TopLogit{c.row[t.id], t.id} : model::TopLogit{NAN, -1};
+  if (rank == 0) {
+    // The drawn token's raw logit: its penalised one unless it is listed.
+    if (tid == 0)
+      out[row] = t.id >= 0 ? model::TopLogit{c.row[t.id], t.id} : model::TopLogit{NAN, -1};
+    __syncthreads();
+    for (uint32_t j = tid; t.id >= 0 && j < job.pen_count; j += kThreads)
+      if (pen[j].token == t.id) out[row].value = raw[job.pen_begin + j];
+  }
   peers_sync<kC>();  // no block leaves while another may read its shared memory
 }
 
 }  // namespace
 
-void draw_logits(const float* logits, size_t n_rows, size_t vocab, const DrawJob* jobs,
-                 model::TopLogit* out, cudaStream_t stream) {
+void draw_logits(float* logits, size_t n_rows, size_t vocab, const DrawJob* jobs,
+                 const model::DrawPenalty* penalties, float* raw, model::TopLogit* out,
+                 cudaStream_t stream) {
   if (n_rows == 0) return;
   // Blocks per row: as many as keep rows x kC within the SMs (a single
   // row's passes spread over 8 SMs), on GPUs with clusters.
@@ -444,7 +467,7 @@ void draw_logits(const float* logits, size_t n_rows, size_t vocab, const DrawJob
     FERRY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(kWarpHistBytes)));
     detail::launch_cluster("draw_logits", kernel, grid, static_cast<unsigned>(kc), kThreads,
-                           kWarpHistBytes, stream, logits, vocab, jobs, out);
+                           kWarpHistBytes, stream, logits, vocab, jobs, penalties, raw, out);
   };
   switch (kc) {
     case 8:

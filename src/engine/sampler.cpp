@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <climits>
 #include <cmath>
 #include <random>
 
@@ -63,41 +64,31 @@ static uint64_t os_seed() {
 Sampler::Sampler(const SamplingParams& params, std::span<const int32_t> prompt)
     : params_(params), rng_(params.seed ? *params.seed : os_seed()) {
   params_.validate();
-  for (int32_t t : prompt) {
-    if (t < 0) continue;
-    if (static_cast<size_t>(t) >= seen_mask_.size()) seen_mask_.resize(t + 1, 0);
-    if (!seen_mask_[t]) {
-      seen_mask_[t] = 1;
-      seen_.push_back(t);
-    }
+  for (int32_t t : prompt) seen(t);
+}
+
+size_t Sampler::seen(int32_t token) {
+  if (token < 0) return SIZE_MAX;
+  if (static_cast<size_t>(token) >= seen_at_.size()) seen_at_.resize(token + 1, -1);
+  if (seen_at_[token] < 0) {
+    seen_at_[token] = static_cast<int32_t>(seen_.size());
+    seen_.push_back(model::DrawPenalty{token, 0.0f});
+    counts_.push_back(0);
   }
+  return static_cast<size_t>(seen_at_[token]);
 }
 
 void Sampler::accept(int32_t token) {
-  ++generated_counts_[token];
-  if (static_cast<size_t>(token) >= seen_mask_.size()) seen_mask_.resize(token + 1, 0);
-  if (!seen_mask_[token]) {
-    seen_mask_[token] = 1;
-    seen_.push_back(token);
-  }
+  const size_t at = seen(token);
+  if (at == SIZE_MAX) return;
+  // What OpenAI's penalties take off a generated token, in float as
+  // apply_draw_penalties subtracts it (0 while both are 0).
+  seen_[at].sub =
+      params_.frequency_penalty * static_cast<float>(++counts_[at]) + params_.presence_penalty;
 }
 
 void Sampler::apply_penalties(std::span<float> logits) const {
-  const size_t V = logits.size();
-  if (params_.repetition_penalty != 1.0f) {
-    // As in HF/vLLM: divide positive logits, multiply negative ones.
-    for (int32_t t : seen_) {
-      if (static_cast<size_t>(t) >= V) continue;
-      float& l = logits[t];
-      l = l > 0 ? l / params_.repetition_penalty : l * params_.repetition_penalty;
-    }
-  }
-  if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
-    for (auto [t, n] : generated_counts_) {
-      if (static_cast<size_t>(t) >= V) continue;
-      logits[t] -= params_.frequency_penalty * static_cast<float>(n) + params_.presence_penalty;
-    }
-  }
+  if (penalized()) model::apply_draw_penalties(logits, params_.repetition_penalty, seen_);
 }
 
 namespace {
@@ -125,16 +116,26 @@ model::DrawSpec Sampler::spec(double u) const {
                     ? static_cast<float>(std::log(static_cast<double>(params_.min_p)))
                     : -INFINITY;
   d.u = u;
+  d.repetition = params_.repetition_penalty;
   return d;
 }
 
 model::OutputNeed Sampler::need(bool want_logprob) const {
   model::OutputNeed n;
   n.lse = want_logprob;
-  if (penalized()) return n;  // penalties change logits the device never saw
   n.full = false;
+  if (penalized()) n.penalties = seen_;  // applied where the token is drawn
   if (params_.temperature == 0.0f) {
-    n.top_n = 1;
+    if (penalized()) {
+      // Greedy on penalised logits: the draw's first token (x = l, top_k 1),
+      // as max_element's first largest; no uniform is taken.
+      model::DrawSpec d;
+      d.top_k = 1;
+      d.repetition = params_.repetition_penalty;
+      n.draw = d;
+    } else {
+      n.top_n = 1;
+    }
   } else {
     Rng next = rng_;  // the uniform sample() will take
     n.draw = spec(next.uniform());
@@ -144,15 +145,15 @@ model::OutputNeed Sampler::need(bool want_logprob) const {
 
 Sampled Sampler::sample(const model::RowLogits& row, bool want_logprob) {
   if (!row.full.empty()) return sample(row.full, want_logprob);
-  FERRY_CHECK(!penalized() && (!want_logprob || row.lse.valid()), "sampling",
-              "the step delivered neither the whole row nor what the sampler asked for");
+  FERRY_CHECK(!want_logprob || row.lse.valid(), "sampling",
+              "the step delivered neither the whole row nor the log-sum-exp asked for");
   model::TopLogit chosen;
-  if (params_.temperature == 0.0f) {
+  if (params_.temperature == 0.0f && !penalized()) {
     FERRY_CHECK(!row.top.empty(), "sampling", "the step delivered no largest logit");
     chosen = row.top[0];
   } else {
     FERRY_CHECK(row.drawn.id >= 0, "sampling", "the step delivered no drawn token");
-    rng_.uniform();  // the draw's uniform, taken on the device
+    if (params_.temperature != 0.0f) rng_.uniform();  // the draw's uniform, taken on the device
     chosen = row.drawn;
   }
   return Sampled{chosen.id, want_logprob ? row.lse.logprob(chosen.value) : NAN};
@@ -172,8 +173,8 @@ Sampled Sampler::sample(std::span<float> logits, bool want_logprob) {
   const LogSumExp raw = want_logprob ? log_sum_exp(logits) : LogSumExp{NAN, 0.0};
   saved_.clear();
   if (penalized())
-    for (int32_t t : seen_)  // generated tokens are in seen_ too
-      if (static_cast<size_t>(t) < V) saved_.emplace_back(t, logits[t]);
+    for (const model::DrawPenalty& p : seen_)  // generated tokens are in seen_ too
+      if (static_cast<size_t>(p.token) < V) saved_.emplace_back(p.token, logits[p.token]);
   apply_penalties(logits);
 
   int32_t chosen;

@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <optional>
 #include <span>
-#include <unordered_map>
 #include <vector>
 
 #include "model/outputs.h"
@@ -49,9 +48,11 @@ class Sampler {
   // normaliser is skipped.
   Sampled sample(std::span<float> logits, bool want_logprob = true);
   // What sample(RowLogits) needs of the step's output: the largest logit
-  // for greedy, a token drawn by model::draw_from_row's definition with
-  // the uniform the next sample() takes (both reductions a device can do),
-  // or the whole row when penalties rewrite it.
+  // for greedy, else a token drawn by model::draw_from_row's definition
+  // with the uniform the next sample() takes (greedy with penalties: the
+  // draw's first token), after the penalties (OutputNeed::penalties, a
+  // view of this sampler's list, valid until the next accept()). Both are
+  // reductions a device can do; the whole row is never needed.
   model::OutputNeed need(bool want_logprob) const;
   // Samples from a step's output: its whole row when present (as above),
   // else what `need` asked for. Both give the same token for the same
@@ -69,9 +70,15 @@ class Sampler {
 
   SamplingParams params_;
   Rng rng_;
-  std::unordered_map<int32_t, int32_t> generated_counts_;
-  std::vector<int32_t> seen_;  // prompt ∪ generated, for repetition_penalty
-  std::vector<uint8_t> seen_mask_;
+  // Adds token to seen_ if new; its index there (SIZE_MAX: a negative id).
+  size_t seen(int32_t token);
+
+  // Prompt ∪ generated tokens, each once, with what the penalties take off
+  // (the list a device applies: OutputNeed::penalties); counts_[i]: times
+  // seen_[i] was generated; seen_at_[token]: its index, or -1.
+  std::vector<model::DrawPenalty> seen_;
+  std::vector<int32_t> counts_;
+  std::vector<int32_t> seen_at_;
   std::vector<std::pair<int32_t, float>> saved_;  // raw logits penalties change
 };
 

@@ -110,4 +110,12 @@ TopLogit draw_from_row(std::span<const float> row, const DrawSpec& spec) {
   return TopLogit{row[static_cast<size_t>(t.id)], t.id};
 }
 
+void apply_draw_penalties(std::span<float> row, float repetition,
+                          std::span<const DrawPenalty> penalties) {
+  for (const DrawPenalty& p : penalties)
+    if (p.token >= 0 && static_cast<size_t>(p.token) < row.size())
+      row[static_cast<size_t>(p.token)] =
+          draw_penalized(row[static_cast<size_t>(p.token)], repetition, p.sub);
+}
+
 }  // namespace ferry::model

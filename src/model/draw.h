@@ -39,13 +39,26 @@ struct TopLogit;  // model/outputs.h
 
 // What a row's draw needs besides its logits. inv_temp finite and > 0 (the
 // caller's 1 / temperature, rounded to float); top_k 0: off; top_p in (0, 1];
-// log_min_p: log(min_p) as float, -inf when min-p is off; u in [0, 1).
+// log_min_p: log(min_p) as float, -inf when min-p is off; u in [0, 1);
+// repetition: the repetition penalty of the row's DrawPenalty tokens.
 struct DrawSpec {
   float inv_temp = 1.0f;
   uint32_t top_k = 0;
   float top_p = 1.0f;
   float log_min_p = -INFINITY;
   double u = 0.0;
+  float repetition = 1.0f;
+};
+
+// A token whose logit is penalised before the draw: l becomes
+// (l > 0 ? l / repetition : l * repetition) - sub (draw_penalized), as
+// HF's repetition penalty, then OpenAI's frequency and presence penalties
+// folded into sub (frequency * count + presence for a generated token, 0
+// for a prompt-only one). A row lists each token at most once; tokens
+// outside the vocabulary are skipped.
+struct DrawPenalty {
+  int32_t token;
+  float sub;
 };
 
 inline constexpr int kDrawBits = 40;
@@ -88,6 +101,18 @@ FERRY_DRAW_HD float draw_sub(float a, float b) {
 #else
   return a - b;
 #endif
+}
+FERRY_DRAW_HD float draw_div(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+// A penalised logit (DrawPenalty): repetition 1 and sub 0 leave l as it is.
+FERRY_DRAW_HD float draw_penalized(float l, float repetition, float sub) {
+  return draw_sub(l > 0.0f ? draw_div(l, repetition) : draw_mul(l, repetition), sub);
 }
 
 // The weight of d = x - m <= 0: floor(e(d) * 2^kDrawBits) with e a float exp
@@ -136,6 +161,12 @@ FERRY_DRAW_HD uint64_t draw_u_target(double u, uint64_t w_s) {
 
 // The token the definition above draws from `row` (its id and raw logit);
 // id -1 when every logit is NaN. O(vocabulary): a radix search, no sort.
+// Penalties are the caller's to apply first (apply_draw_penalties).
 TopLogit draw_from_row(std::span<const float> row, const DrawSpec& spec);
+
+// row[p.token] = draw_penalized(row[p.token], repetition, p.sub) for each
+// penalty whose token is in the row.
+void apply_draw_penalties(std::span<float> row, float repetition,
+                          std::span<const DrawPenalty> penalties);
 
 }  // namespace ferry::model

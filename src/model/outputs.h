@@ -30,8 +30,11 @@ struct OutputNeed {
   uint32_t top_n = 0;  // the top_n largest logits (value desc, then id asc)
   bool lse = false;    // the row's max and sum of exp(l - max)
   // A token drawn on the device by draw_from_row's definition (model/draw.h)
-  // with this spec; the row is then not needed on the host for sampling.
+  // with this spec, after `penalties` (a view into the caller's list, valid
+  // until the step's outputs are read); the row is then not needed on the
+  // host for sampling. The drawn token's value is its raw logit.
   std::optional<DrawSpec> draw;
+  std::span<const DrawPenalty> penalties;
 };
 
 struct TopLogit {

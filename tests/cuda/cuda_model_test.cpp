@@ -245,6 +245,13 @@ TEST(GpuOutputs, ReducedStepsMatchWholeRows) {
     needs[1].draw =
         DrawSpec{1.0f / 0.8f, 0, 0.9f, std::log(0.02f), (step * 0.37) - std::floor(step * 0.37)};
     if (step % 2) needs[0].draw = DrawSpec{1.0f, 5, 1.0f, -INFINITY, 0.999};
+    // Penalties on the device now and then (one token past the vocabulary).
+    const std::vector<DrawPenalty> pens = {
+        {3, 0.5f}, {2, 0.0f}, {7, 1.5f}, {static_cast<int32_t>(V) + 1, 1.0f}};
+    if (step % 3 == 1) {
+      needs[1].draw->repetition = 1.2f;
+      needs[1].penalties = pens;
+    }
     gpu->forward(ctx, whole, in, logits);
     gpu->step(ctx, part, in, needs, out);
     if (step == 0) {
@@ -272,9 +279,13 @@ TEST(GpuOutputs, ReducedStepsMatchWholeRows) {
           EXPECT_NEAR(got.lse.sum, lse.sum, 1e-12 * lse.sum);
         }
         if (needs[o].draw) {
-          const TopLogit d = draw_from_row(row, *needs[o].draw);
+          std::vector<float> penalised(row.begin(), row.end());
+          apply_draw_penalties(penalised, needs[o].draw->repetition, needs[o].penalties);
+          const TopLogit d = draw_from_row(penalised, *needs[o].draw);
           EXPECT_EQ(got.drawn.id, d.id) << "step " << step << " output " << o;
-          EXPECT_EQ(got.drawn.value, d.value) << "step " << step << " output " << o;
+          ASSERT_GE(d.id, 0);
+          EXPECT_EQ(got.drawn.value, row[static_cast<size_t>(d.id)])  // the raw logit
+              << "step " << step << " output " << o;
         } else {
           EXPECT_EQ(got.drawn.id, -1) << "step " << step << " output " << o;
         }

@@ -186,7 +186,8 @@ TEST(CudaOps, SelectLogitsMatchesTheReference) {
 // draw_logits draws model::draw_from_row's token (id and raw logit, bit for
 // bit) on rows with heavy ties, -0, NaN and -inf, over temperatures, top-k
 // (off, 1, a few, past the row), top-p and min-p and uniforms at both ends;
-// rows not asked are left as they were; an all-NaN row draws id -1; with
+// rows not asked are left as they were; an all-NaN row draws id -1; rows
+// with penalties draw from the penalised row and give the raw logit; with
 // every number of blocks per row (1 to 8: clusters on Hopper).
 TEST(CudaOps, DrawLogitsMatchesTheReference) {
   REQUIRE_GPU();
@@ -226,14 +227,33 @@ TEST(CudaOps, DrawLogitsMatchesTheReference) {
       }
     for (size_t i = 0; i < vocab; ++i) logits[(rows - 1) * vocab + i] = NAN;
     jobs[rows - 1].active = 1;
-    DeviceBuffer<float> d_logits(logits);
+    // Every third row penalised: 1 to 300 tokens (one outside the
+    // vocabulary), repetition 1.3 or 1, subtractions of 0 to 2.
+    std::vector<model::DrawPenalty> pens;
+    for (size_t r = 0; r + 1 < rows; r += 3) {
+      jobs[r].pen_begin = static_cast<uint32_t>(pens.size());
+      const size_t n = 1 + gen() % 300;
+      std::vector<int32_t> tokens;
+      for (size_t k = 0; k < n; ++k) tokens.push_back(static_cast<int32_t>(gen() % vocab));
+      tokens.push_back(static_cast<int32_t>(vocab) + 3);
+      std::sort(tokens.begin(), tokens.end());
+      tokens.erase(std::unique(tokens.begin(), tokens.end()), tokens.end());
+      for (int32_t t : tokens)
+        pens.push_back({t, (gen() % 3 == 0) ? 0.0f : static_cast<float>(gen() % 9) * 0.25f});
+      jobs[r].pen_count = static_cast<uint32_t>(pens.size()) - jobs[r].pen_begin;
+      jobs[r].spec.repetition = r % 2 ? 1.0f : 1.3f;
+    }
     DeviceBuffer<cuda::DrawJob> d_jobs(jobs);
+    DeviceBuffer<model::DrawPenalty> d_pens(pens);
+    DeviceBuffer<float> d_raw(pens.size());
     DeviceBuffer<model::TopLogit> d_out(rows);
     for (const char* blocks : {"0", "1", "2", "4", "8"})  // per row; 0: as chosen
     {
       setenv("FERRY_CUDA_DRAW_CLUSTER", blocks, 1);
       d_out.poison();
-      cuda::draw_logits(d_logits.get(), rows, vocab, d_jobs.get(), d_out.get(), nullptr);
+      DeviceBuffer<float> d_logits(logits);  // (penalised in place)
+      cuda::draw_logits(d_logits.get(), rows, vocab, d_jobs.get(), d_pens.get(), d_raw.get(),
+                        d_out.get(), nullptr);
       const auto out = d_out.download();
       for (size_t r = 0; r < rows; ++r) {
         const std::string what =
@@ -244,11 +264,16 @@ TEST(CudaOps, DrawLogitsMatchesTheReference) {
           EXPECT_EQ(std::memcmp(&out[r], &poisoned, sizeof(poisoned)), 0) << what;
           continue;
         }
-        const std::span<const float> row(&logits[r * vocab], vocab);
+        std::vector<float> row(&logits[r * vocab], &logits[(r + 1) * vocab]);
+        model::apply_draw_penalties(row, jobs[r].spec.repetition,
+                                    std::span<const model::DrawPenalty>(pens).subspan(
+                                        jobs[r].pen_begin, jobs[r].pen_count));
         const model::TopLogit want = model::draw_from_row(row, jobs[r].spec);
         ASSERT_EQ(out[r].id, want.id) << what;
-        if (want.id >= 0) {
-          ASSERT_EQ(std::memcmp(&out[r].value, &want.value, 4), 0) << what;
+        if (want.id >= 0) {  // the raw logit
+          ASSERT_EQ(
+              std::memcmp(&out[r].value, &logits[r * vocab + static_cast<size_t>(want.id)], 4), 0)
+              << what;
         }
       }
       EXPECT_EQ(out[rows - 1].id, -1);

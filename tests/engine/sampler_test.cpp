@@ -147,11 +147,16 @@ model::RowLogits reduced(std::span<const float> row, const model::OutputNeed& ne
   model::RowLogits r;
   model::select_from_row(row, need.top_n, top, need.lse ? &r.lse : nullptr);
   r.top = top;
-  if (need.draw) r.drawn = model::draw_from_row(row, *need.draw);
+  if (need.draw) {
+    std::vector<float> penalised(row.begin(), row.end());
+    model::apply_draw_penalties(penalised, need.draw->repetition, need.penalties);
+    r.drawn = model::draw_from_row(penalised, *need.draw);
+    r.drawn.value = row[static_cast<size_t>(r.drawn.id)];  // the raw logit
+  }
   return r;
 }
 
-TEST(Sampler, NeedAsksForTheWholeRowOnlyWithPenalties) {
+TEST(Sampler, NeedNeverAsksForTheWholeRow) {
   SamplingParams p;
   p.temperature = 0;
   model::OutputNeed n = Sampler(p, {}).need(true);
@@ -182,43 +187,78 @@ TEST(Sampler, NeedAsksForTheWholeRowOnlyWithPenalties) {
   ASSERT_TRUE(n.draw);
   EXPECT_EQ(n.draw->top_k, 0u);
   EXPECT_EQ(n.draw->log_min_p, -INFINITY);
-  p.repetition_penalty = 1.1f;  // penalties rewrite logits the device never saw
-  EXPECT_TRUE(Sampler(p, {}).need(false).full);
+  // Penalties travel with the draw: each seen token once, with what the
+  // frequency and presence penalties take off the generated ones.
+  p.repetition_penalty = 1.1f;
+  p.frequency_penalty = 0.5f;
+  p.presence_penalty = 0.25f;
+  const std::vector<int32_t> prompt = {4, 9, 4};
+  Sampler pen(p, prompt);
+  pen.accept(9);
+  pen.accept(2);
+  pen.accept(9);
+  n = pen.need(false);
+  EXPECT_FALSE(n.full);
+  ASSERT_TRUE(n.draw);
+  EXPECT_EQ(n.draw->repetition, 1.1f);
+  ASSERT_EQ(n.penalties.size(), 3u);
+  EXPECT_EQ(n.penalties[0].token, 4);
+  EXPECT_EQ(n.penalties[0].sub, 0.0f);
+  EXPECT_EQ(n.penalties[1].token, 9);
+  EXPECT_EQ(n.penalties[1].sub, 0.5f * 2 + 0.25f);
+  EXPECT_EQ(n.penalties[2].token, 2);
+  EXPECT_EQ(n.penalties[2].sub, 0.5f + 0.25f);
+  p.temperature = 0;  // greedy on penalised logits: the draw's first token
+  n = Sampler(p, prompt).need(true);
+  ASSERT_TRUE(n.draw);
+  EXPECT_EQ(n.draw->top_k, 1u);
+  EXPECT_EQ(n.draw->inv_temp, 1.0f);
+  EXPECT_EQ(n.top_n, 0u);
+  EXPECT_TRUE(n.lse);
 }
 
 // From what the device delivers the sampler draws exactly what it draws from
 // the whole row: the same tokens, generator state and logprobs, over greedy,
-// temperature alone and with top-k, min-p and top-p, on rows with ties.
+// temperature alone and with top-k, min-p and top-p, with and without
+// penalties, on rows with ties.
 TEST(Sampler, DeviceReductionsGiveTheSameTokensAsTheWholeRow) {
   std::mt19937 gen(3);
   std::uniform_real_distribution<float> u(-4.0f, 4.0f);
   const float temps[] = {0.0f, 0.3f, 1.0f, 1.7f};
   const int32_t top_ks[] = {0, 1, 2, 7, 50};
-  for (float t : temps)
-    for (int32_t k : top_ks) {
-      SamplingParams p;
-      p.temperature = t;
-      p.top_k = k;
-      p.top_p = k == 7 || k == 0 ? 0.8f : 1.0f;
-      p.min_p = k == 50 || k == 0 ? 0.05f : 0.0f;
-      p.seed = 11;
-      Sampler whole(p, {}), part(p, {});
-      for (int step = 0; step < 30; ++step) {
-        const model::OutputNeed need = part.need(true);
-        ASSERT_FALSE(need.full);
-        std::vector<float> row(300);
-        for (float& x : row) x = std::round(u(gen) * 4) / 4;  // many ties
-        std::vector<model::TopLogit> top;
-        const model::RowLogits r = reduced(row, need, top);
-        std::vector<float> scratch = row;
-        const Sampled a = whole.sample(scratch, true);
-        const Sampled b = part.sample(r, true);
-        ASSERT_EQ(a.token, b.token) << "t " << t << " k " << k << " step " << step;
-        EXPECT_EQ(a.logprob, b.logprob);
-        whole.accept(a.token);
-        part.accept(b.token);
+  const std::vector<int32_t> prompt = {5, 17, 5, 299, 40};
+  for (int penalties = 0; penalties < 2; ++penalties)
+    for (float t : temps)
+      for (int32_t k : top_ks) {
+        SamplingParams p;
+        p.temperature = t;
+        p.top_k = k;
+        p.top_p = k == 7 || k == 0 ? 0.8f : 1.0f;
+        p.min_p = k == 50 || k == 0 ? 0.05f : 0.0f;
+        p.seed = 11;
+        if (penalties) {
+          p.repetition_penalty = 1.3f;
+          p.frequency_penalty = 0.4f;
+          p.presence_penalty = -0.3f;
+        }
+        Sampler whole(p, prompt), part(p, prompt);
+        for (int step = 0; step < 30; ++step) {
+          const model::OutputNeed need = part.need(true);
+          ASSERT_FALSE(need.full);
+          std::vector<float> row(300);
+          for (float& x : row) x = std::round(u(gen) * 4) / 4;  // many ties
+          std::vector<model::TopLogit> top;
+          const model::RowLogits r = reduced(row, need, top);
+          std::vector<float> scratch = row;
+          const Sampled a = whole.sample(scratch, true);
+          const Sampled b = part.sample(r, true);
+          ASSERT_EQ(a.token, b.token)
+              << "t " << t << " k " << k << " step " << step << " penalties " << penalties;
+          EXPECT_EQ(a.logprob, b.logprob);
+          whole.accept(a.token);
+          part.accept(b.token);
+        }
       }
-    }
 }
 
 TEST(Sampler, ARowWithoutWhatItNeedsIsAnError) {
