@@ -69,13 +69,12 @@ Sampler::Sampler(const SamplingParams& params, std::span<const int32_t> prompt)
 
 size_t Sampler::seen(int32_t token) {
   if (token < 0) return SIZE_MAX;
-  if (static_cast<size_t>(token) >= seen_at_.size()) seen_at_.resize(token + 1, -1);
-  if (seen_at_[token] < 0) {
-    seen_at_[token] = static_cast<int32_t>(seen_.size());
+  const auto [it, added] = seen_at_.try_emplace(token, seen_.size());
+  if (added) {
     seen_.push_back(model::DrawPenalty{token, 0.0f});
     counts_.push_back(0);
   }
-  return static_cast<size_t>(seen_at_[token]);
+  return it->second;
 }
 
 void Sampler::accept(int32_t token) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "model/outputs.h"
@@ -75,10 +76,11 @@ class Sampler {
 
   // Prompt ∪ generated tokens, each once, with what the penalties take off
   // (the list a device applies: OutputNeed::penalties); counts_[i]: times
-  // seen_[i] was generated; seen_at_[token]: its index, or -1.
+  // seen_[i] was generated; seen_at_: token -> its index (memory grows with
+  // the tokens seen, not with the vocabulary).
   std::vector<model::DrawPenalty> seen_;
   std::vector<int32_t> counts_;
-  std::vector<int32_t> seen_at_;
+  std::unordered_map<int32_t, size_t> seen_at_;
   std::vector<std::pair<int32_t, float>> saved_;  // raw logits penalties change
 };
 
