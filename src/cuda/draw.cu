@@ -3,11 +3,12 @@
 // cluster of kC blocks per row (kC = 1 where the rows fill the GPU; on
 // Hopper up to 8 for a few rows, each block taking every kC-th chunk of the
 // row and reading the others' histograms from their shared memory). Every
-// sum is of integer weights (atomics are exact in any order) and the max is
-// a max, so the token equals the host's bit for bit whatever kC and never
-// depends on the other rows; the order along which the uniform is placed is
-// found by a radix search over the 32-bit order keys of the scaled logits,
-// 8 bits a pass, instead of a sort of the vocabulary.
+// sum is of integer weights (exact in any order) and the max is a max, so
+// the token equals the host's bit for bit whatever kC and never depends on
+// the other rows; the order along which the uniform is placed is found by a
+// radix search over the 32-bit order keys of the scaled logits, 8 bits a
+// pass, instead of a sort of the vocabulary. A row's penalties are applied
+// to it in place first.
 #include <climits>
 #include <cstdlib>
 
