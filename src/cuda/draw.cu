@@ -28,12 +28,7 @@ using model::draw_mul;
 using model::draw_sub;
 using model::draw_weight;
 
-// A prefix of the order by its last token (as draw.cpp's Bound).
-struct Bound {
-  uint32_t key;
-  int32_t id;
-  __device__ bool holds(uint32_t k, int32_t i) const { return k > key || (k == key && i <= id); }
-};
+using Bound = model::DrawBound;
 
 // One token as the passes see it; key 0: a NaN logit, never in the draw.
 struct Tok {

@@ -9,6 +9,7 @@
 
 #include "cuda/common_impl.cuh"
 #include "cuda/cuda_ops.h"
+#include "model/draw.h"
 
 namespace ferry::cuda {
 
@@ -17,14 +18,6 @@ namespace {
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr int kRun = 8;  // loads in flight per thread in the scans
-
-// Unsigned keys in the order of the floats (larger float, larger key);
-// -0 is keyed as +0. NaN never reaches here.
-__device__ __forceinline__ uint32_t order_key(float f) {
-  uint32_t u = __float_as_uint(f);
-  if (f == 0.0f) u = 0;
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
 
 // (value, id) with the larger value first, then the lower id; id < 0: none.
 __device__ __forceinline__ bool better(float v, int id, float bv, int bid) {
@@ -144,7 +137,7 @@ __global__ void select_kernel(const float* __restrict__ logits, size_t vocab,
     for (int i = tid; i < V; i += kThreads) {
       const float v = row[i];
       if (isnan(v)) continue;
-      const uint32_t k = order_key(v);
+      const uint32_t k = model::draw_key(v);
       if ((k & mask) == prefix) atomicAdd(&s_hist[(k >> shift) & 255u], 1u);
     }
     __syncthreads();
@@ -182,7 +175,7 @@ __global__ void select_kernel(const float* __restrict__ logits, size_t vocab,
     const int i = base + tid;
     const float v = i < V ? row[i] : NAN;
     const bool valid = !isnan(v);
-    const uint32_t k = valid ? order_key(v) : 0;
+    const uint32_t k = valid ? model::draw_key(v) : 0;
     if (valid && k > thr) s_cand[atomicAdd(&s_above, 1)] = model::TopLogit{v == 0.0f ? 0.0f : v, i};
     const bool eq = valid && k == thr;
     const unsigned ballot = __ballot_sync(0xffffffffu, eq);

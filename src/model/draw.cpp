@@ -10,13 +10,7 @@ namespace ferry::model {
 
 namespace {
 
-// A prefix of the order (x descending, id ascending) by its last token:
-// a token is in it when its key is larger, or equal with an id no larger.
-struct Bound {
-  uint32_t key = 0;  // key 0 is no float's: {0, INT32_MAX} holds every token
-  int32_t id = INT32_MAX;
-  bool holds(uint32_t k, int32_t i) const { return k > key || (k == key && i <= id); }
-};
+using Bound = DrawBound;
 
 struct Row {
   std::vector<uint32_t> key;  // 0: NaN, not in the draw
@@ -27,12 +21,14 @@ struct Row {
 
 // The first token of `in` (a predicate on the index) along the order whose
 // cumulative weight (wt(i) each) exceeds target(W), W the set's total
-// weight (the first pass's histogram; target(W) < W). Four passes of an 8-bit digit of the key from
-// the top, each over the tokens left by the last (the first pass takes the
-// set, later ones a bucket of it), then the tied tokens (equal keys, so
-// equal weights) by id: the candidates stay in id order throughout.
+// weight (the first pass's histogram; target(W) < W). Four passes of an
+// 8-bit digit of the key from the top, each over the tokens left by the
+// last (the first pass takes the set, later ones a bucket of it), then the
+// tied tokens (equal keys, so equal weights) by id: the candidates (in
+// r.cand) stay in id order throughout.
 template <class Target, class In, class Wt>
-Bound search(const Row& r, std::vector<uint32_t>& cand, Target target, In in, Wt wt) {
+Bound search(Row& r, Target target, In in, Wt wt) {
+  std::vector<uint32_t>& cand = r.cand;
   cand.clear();
   for (size_t i = 0; i < r.key.size(); ++i)
     if (r.key[i] != 0 && in(i)) cand.push_back(static_cast<uint32_t>(i));
@@ -67,15 +63,12 @@ TopLogit draw_from_row(std::span<const float> row, const DrawSpec& spec) {
   r.d.resize(n);
   float m = -INFINITY;
   size_t valid = 0;
-  bool any = false;
   for (size_t i = 0; i < n; ++i) {
     if (std::isnan(row[i])) continue;
     const float x = draw_mul(row[i], spec.inv_temp);
-    m = any ? std::max(m, x) : x;
-    any = true;
-    ++valid;
+    m = valid++ ? std::max(m, x) : x;
   }
-  if (!any) return TopLogit{NAN, -1};
+  if (valid == 0) return TopLogit{NAN, -1};
   for (size_t i = 0; i < n; ++i) {
     if (std::isnan(row[i])) {
       r.key[i] = 0;
@@ -94,19 +87,19 @@ TopLogit draw_from_row(std::span<const float> row, const DrawSpec& spec) {
   if (spec.top_k > 0 && spec.top_k < valid) {
     const uint64_t last = spec.top_k - 1;
     k = search(
-        r, r.cand, [last](uint64_t) { return last; }, in_all, one);
+        r, [last](uint64_t) { return last; }, in_all, one);
   }
   auto in_k = [&](size_t i) { return k.holds(r.key[i], static_cast<int32_t>(i)); };
   Bound p = k;
   if (spec.top_p < 1.0f) {
     auto reach = [&](uint64_t w_k) { return draw_top_p_target(spec.top_p, w_k) - 1; };
-    p = search(r, r.cand, reach, in_k, weight);
+    p = search(r, reach, in_k, weight);
   }
   auto in_s = [&](size_t i) {
     return p.holds(r.key[i], static_cast<int32_t>(i)) && r.d[i] >= spec.log_min_p;
   };
   auto place = [&](uint64_t w_s) { return draw_u_target(spec.u, w_s); };
-  const Bound t = search(r, r.cand, place, in_s, weight);
+  const Bound t = search(r, place, in_s, weight);
   return TopLogit{row[static_cast<size_t>(t.id)], t.id};
 }
 

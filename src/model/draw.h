@@ -4,7 +4,7 @@
 //
 // The definition (one row; NaN logits never take part):
 //   x_i = l_i * inv_temp (float), m = max x_i, d_i = x_i - m (0 where x_i = m)
-//   w_i = floor(e(d_i) * 2^kDrawBits), e a fixed float exp (draw_exp below),
+//   w_i = floor(e(d_i) * 2^kDrawBits), e a fixed float exp (draw_weight below),
 //         so w_max = 2^kDrawBits and tokens with e(d) < 2^-kDrawBits weigh 0
 //   the order: x descending, then id ascending; "prefix" means a prefix of it
 //   K = the first top_k tokens (all when top_k is 0 or covers the row)
@@ -77,6 +77,15 @@ FERRY_DRAW_HD uint32_t draw_key(float f) {
   if (f == 0.0f) u = 0;
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
+
+// A prefix of the order (x descending, id ascending) by its last token: a
+// token is in it when its key is larger, or equal with an id no larger.
+// Key 0 is no float's: the default holds every token.
+struct DrawBound {
+  uint32_t key = 0;
+  int32_t id = INT32_MAX;
+  FERRY_DRAW_HD bool holds(uint32_t k, int32_t i) const { return k > key || (k == key && i <= id); }
+};
 
 // Round-to-nearest products, sums and differences that no compiler may
 // fuse (nvcc contracts a * b + c into an fma unless told; the host build

@@ -266,6 +266,31 @@ TEST(Sampler, ARowWithoutWhatItNeedsIsAnError) {
   p.temperature = 0;
   Sampler s(p, {});
   EXPECT_THROW(s.sample(model::RowLogits{}, false), Error);
+  // A sampled row without its drawn token, a row without the asked
+  // log-sum-exp, and a whole row of NaN logits are refused by name.
+  p.temperature = 0.7f;
+  Sampler t(p, {});
+  try {
+    t.sample(model::RowLogits{}, false);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no drawn token"), std::string::npos) << e.what();
+  }
+  model::RowLogits drawn;
+  drawn.drawn = model::TopLogit{1.0f, 0};
+  try {
+    t.sample(drawn, true);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("log-sum-exp"), std::string::npos) << e.what();
+  }
+  auto nan = logits_of({NAN, NAN});
+  try {
+    t.sample(nan, false);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("NaN"), std::string::npos) << e.what();
+  }
 }
 
 TEST(SelectFromRow, OrdersByValueThenIdSkipsNanAndFoldsNegativeZero) {
