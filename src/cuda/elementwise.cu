@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kNormThreads)
   float ss = 0.0f;
   // Pieces p0, p0 + kNormThreads, ... (kRegPieces of them) of this thread:
   // loaded (x + y, written back), summed in order.
-  auto sum_run = [&](uint32_t p0, Piece (&v)[kRegPieces]) {
+  auto sum_run = [&](uint32_t p0, Piece(&v)[kRegPieces]) {
 #pragma unroll
     for (int k = 0; k < kRegPieces; ++k) {
       const uint32_t p = p0 + k * kNormThreads;
@@ -160,25 +160,35 @@ __global__ void __launch_bounds__(kNormThreads)
   }
 }
 
-// One thread per (row, head, pair) of a, then of b (two tensors rotated by
-// the same positions in one launch: q and k): pairs (2i, 2i+1) rotate by
-// pos[row] * inv_freq[i].
-__global__ void rope_kernel(float* a, size_t a_pairs, uint32_t a_heads, float* b, size_t b_pairs,
-                            uint32_t b_heads, uint32_t half, const int32_t* pos,
-                            const float* inv_freq) {
+// One thread per (row, pair index i, run of kRopeHeads heads) over a's
+// heads and then b's (two tensors rotated by the same positions in one
+// launch: q and k): the angle pos[row] * inv_freq[i], its cosine and its
+// sine are computed once for the run, whose pairs (2i, 2i+1) then rotate.
+// Each pair's arithmetic does not depend on the run it is in.
+constexpr uint32_t kRopeHeads = 8;
+__global__ void rope_kernel(float* a, uint32_t a_heads, float* b, uint32_t b_heads, uint32_t n_rows,
+                            uint32_t half, const int32_t* pos, const float* inv_freq) {
   dependency_wait();
-  for (size_t t = blockIdx.x * size_t{blockDim.x} + threadIdx.x; t < a_pairs + b_pairs;
+  const uint32_t heads = a_heads + b_heads, runs = (heads + kRopeHeads - 1) / kRopeHeads;
+  const size_t n = size_t{n_rows} * runs * half;
+  for (size_t t = blockIdx.x * size_t{blockDim.x} + threadIdx.x; t < n;
        t += size_t{gridDim.x} * blockDim.x) {
-    const bool in_a = t < a_pairs;
-    const size_t u = in_a ? t : t - a_pairs;  // pair u of its tensor
-    const uint32_t i = static_cast<uint32_t>(u % half);
-    const size_t row = u / half / (in_a ? a_heads : b_heads);
+    const size_t q = t / half;
+    const uint32_t i = static_cast<uint32_t>(t - q * half), run = static_cast<uint32_t>(q % runs);
+    const size_t row = q / runs;
     const float theta = __fmul_rn(static_cast<float>(pos[row]), inv_freq[i]);
     const float c = cosf(theta), s = sinf(theta);
-    float2* v = reinterpret_cast<float2*>(in_a ? a : b) + u;  // pair u is floats 2u, 2u+1
-    const float2 ab = *v;
-    *v = make_float2(__fsub_rn(__fmul_rn(ab.x, c), __fmul_rn(ab.y, s)),
-                     __fadd_rn(__fmul_rn(ab.x, s), __fmul_rn(ab.y, c)));
+#pragma unroll
+    for (uint32_t j = 0; j < kRopeHeads; ++j) {
+      const uint32_t h = run * kRopeHeads + j;
+      if (h >= heads) break;
+      float2* v = h < a_heads
+                      ? reinterpret_cast<float2*>(a) + (row * a_heads + h) * half + i
+                      : reinterpret_cast<float2*>(b) + (row * b_heads + (h - a_heads)) * half + i;
+      const float2 ab = *v;
+      *v = make_float2(__fsub_rn(__fmul_rn(ab.x, c), __fmul_rn(ab.y, s)),
+                       __fadd_rn(__fmul_rn(ab.x, s), __fmul_rn(ab.y, c)));
+    }
   }
 }
 
@@ -250,13 +260,15 @@ void rope(float* x, size_t n_rows, size_t n_heads, size_t head_dim, const int32_
 void rope2(float* a, size_t a_heads, float* b, size_t b_heads, size_t n_rows, size_t head_dim,
            const int32_t* pos, const float* inv_freq, cudaStream_t stream) {
   FERRY_CHECK(head_dim % 2 == 0, "rope", "odd head_dim ", head_dim);
-  const size_t a_pairs = n_rows * a_heads * (head_dim / 2);
-  const size_t b_pairs = b ? n_rows * b_heads * (head_dim / 2) : 0;
-  if (a_pairs + b_pairs == 0) return;
-  launch("rope_kernel", rope_kernel, elementwise_blocks(a_pairs + b_pairs, kThreads), kThreads, 0,
-         stream, a, a_pairs, static_cast<uint32_t>(std::max<size_t>(a_heads, 1)), b, b_pairs,
-         static_cast<uint32_t>(std::max<size_t>(b_heads, 1)), static_cast<uint32_t>(head_dim / 2),
-         pos, inv_freq);
+  if (!b) b_heads = 0;
+  const size_t heads = a_heads + b_heads, half = head_dim / 2;
+  if (n_rows == 0 || heads == 0 || half == 0) return;
+  FERRY_CHECK(n_rows <= 0x7fffffffu && heads <= 0xffffu && half <= 0xffffu, "rope", "rows=", n_rows,
+              " heads=", heads, " head_dim=", head_dim);
+  const size_t threads = n_rows * ((heads + kRopeHeads - 1) / kRopeHeads) * half;
+  launch("rope_kernel", rope_kernel, elementwise_blocks(threads, kThreads), kThreads, 0, stream, a,
+         static_cast<uint32_t>(a_heads), b, static_cast<uint32_t>(b_heads),
+         static_cast<uint32_t>(n_rows), static_cast<uint32_t>(half), pos, inv_freq);
 }
 
 void silu_mul(float* gate, const float* up, size_t n, cudaStream_t stream, uint16_t* gate_bf16) {

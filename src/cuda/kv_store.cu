@@ -108,37 +108,73 @@ __device__ __forceinline__ void with_affine(int bits, int group, F&& f) {
   f.template operator()<8, 128>();
 }
 
-// Block (write, kv head, side): side 0 is K, 1 is V.
-__global__ void __launch_bounds__(kThreads)
-    kv_store_kernel(const KvWrite* writes, uint32_t n_kv_heads, uint32_t D, const float* k,
-                    const float* v) {
+// Block (tokens, kv head, side): side 0 is K, 1 is V; the block writes
+// writes w0 .. w0 + per_block - 1 (w0 = blockIdx.x * per_block). Dense
+// formats take four elements a thread (one 16-byte load, one 8- or
+// 16-byte store where the slot is aligned for it); affine ones a warp per
+// (write, group).
+__global__ void __launch_bounds__(256)
+    kv_store_kernel(const KvWrite* writes, uint32_t n_writes, uint32_t per_block,
+                    uint32_t n_kv_heads, uint32_t D, const float* k, const float* v) {
   dependency_wait();
-  const KvWrite& wr = writes[blockIdx.x];
-  const uint32_t h = blockIdx.y;
-  const kernels::KvSide& side = blockIdx.z == 0 ? wr.k : wr.v;
-  const float* src = (blockIdx.z == 0 ? k : v) + (size_t{wr.token} * n_kv_heads + h) * D;
-  // Planes are device memory the caller owns; KvSide spells them const for readers.
-  uint8_t* p0 = const_cast<uint8_t*>(side.plane[0]) + h * side.head_stride[0] +
-                size_t{wr.slot} * side.unit[0];
-  const Kind kind = side.format.kind;
-  if (kind == Kind::F32) {
-    for (uint32_t i = threadIdx.x; i < D; i += kThreads) reinterpret_cast<float*>(p0)[i] = src[i];
-  } else if (kind == Kind::F16 || kind == Kind::BF16) {
-    for (uint32_t i = threadIdx.x; i < D; i += kThreads)
-      store_u16(p0 + 2 * i, kind == Kind::F16 ? f2h(src[i]) : f2bf(src[i]));
-  } else {
-    const int group = side.format.group, bits = side.format.bits;
-    uint8_t* sc = const_cast<uint8_t*>(side.plane[1]) + h * side.head_stride[1] +
-                  size_t{wr.slot} * side.unit[1];
-    uint8_t* bi = const_cast<uint8_t*>(side.plane[2]) + h * side.head_stride[2] +
-                  size_t{wr.slot} * side.unit[2];
-    // A warp per group (the block's warps take groups w, w + kThreads / 32, ...).
-    with_affine(bits, group, [&]<int kBits, int kGroup>() {
-      for (uint32_t g = threadIdx.x / 32; g < D / kGroup; g += kThreads / 32)
-        affine_group<kBits, kGroup>(src + g * kGroup, p0 + g * kGroup * kBits / 8, sc + 2 * g,
-                                    bi + 2 * g, static_cast<int>(threadIdx.x % 32));
-    });
+  const uint32_t h = blockIdx.y, w0 = blockIdx.x * per_block;
+  const uint32_t n = min(per_block, n_writes - w0);
+  // The side's format is the same in every write of a call (one layer's
+  // cache), so the branches below agree across the block.
+  const Kind kind = (blockIdx.z == 0 ? writes[w0].k : writes[w0].v).format.kind;
+  const float* base = blockIdx.z == 0 ? k : v;
+  if (kind != Kind::Affine) {
+    const uint32_t quads = D / 4;
+    for (uint32_t e = threadIdx.x; e < n * quads; e += blockDim.x) {
+      const KvWrite& wr = writes[w0 + e / quads];
+      const kernels::KvSide& side = blockIdx.z == 0 ? wr.k : wr.v;
+      const uint32_t i = (e % quads) * 4;
+      const float4 x =
+          *reinterpret_cast<const float4*>(base + (size_t{wr.token} * n_kv_heads + h) * D + i);
+      // Planes are device memory the caller owns; KvSide spells them const for readers.
+      uint8_t* p0 = const_cast<uint8_t*>(side.plane[0]) + h * side.head_stride[0] +
+                    size_t{wr.slot} * side.unit[0];
+      if (kind == Kind::F32) {
+        float* d = reinterpret_cast<float*>(p0) + i;
+        if (reinterpret_cast<uintptr_t>(d) % 16 == 0) {
+          *reinterpret_cast<float4*>(d) = x;
+        } else {
+          d[0] = x.x, d[1] = x.y, d[2] = x.z, d[3] = x.w;
+        }
+      } else {
+        const bool f16 = kind == Kind::F16;
+        const uint32_t a = f16 ? f2h(x.x) : f2bf(x.x), b = f16 ? f2h(x.y) : f2bf(x.y);
+        const uint32_t c = f16 ? f2h(x.z) : f2bf(x.z), d = f16 ? f2h(x.w) : f2bf(x.w);
+        uint8_t* dst = p0 + 2 * i;
+        if (reinterpret_cast<uintptr_t>(dst) % 8 == 0) {
+          *reinterpret_cast<uint2*>(dst) = make_uint2(a | b << 16, c | d << 16);
+        } else {
+          store_u16(dst, a), store_u16(dst + 2, b), store_u16(dst + 4, c), store_u16(dst + 6, d);
+        }
+      }
+    }
+    return;
   }
+  const kernels::KvSide& first = blockIdx.z == 0 ? writes[w0].k : writes[w0].v;
+  const int group = first.format.group, bits = first.format.bits;
+  const uint32_t warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  with_affine(bits, group, [&]<int kBits, int kGroup>() {
+    const uint32_t groups = D / kGroup;
+    for (uint32_t e = warp; e < n * groups; e += warps) {
+      const KvWrite& wr = writes[w0 + e / groups];
+      const kernels::KvSide& side = blockIdx.z == 0 ? wr.k : wr.v;
+      const uint32_t g = e % groups;
+      const float* src = base + (size_t{wr.token} * n_kv_heads + h) * D;
+      uint8_t* p0 = const_cast<uint8_t*>(side.plane[0]) + h * side.head_stride[0] +
+                    size_t{wr.slot} * side.unit[0];
+      uint8_t* sc = const_cast<uint8_t*>(side.plane[1]) + h * side.head_stride[1] +
+                    size_t{wr.slot} * side.unit[1];
+      uint8_t* bi = const_cast<uint8_t*>(side.plane[2]) + h * side.head_stride[2] +
+                    size_t{wr.slot} * side.unit[2];
+      affine_group<kBits, kGroup>(src + g * kGroup, p0 + g * kGroup * kBits / 8, sc + 2 * g,
+                                  bi + 2 * g, static_cast<int>(threadIdx.x % 32));
+    }
+  });
 }
 
 // Block (i, r): copy i's runs r, r + gridDim.y, ..., 16 bytes a thread
@@ -175,9 +211,17 @@ void kv_store(const KvWrite* writes, size_t n_writes, size_t n_kv_heads, size_t 
   if (n_writes == 0 || n_kv_heads == 0) return;
   FERRY_CHECK(n_writes <= 0x7fffffffu && n_kv_heads <= 65535 && head_dim % 16 == 0, "kv_store",
               "writes=", n_writes, " kv_heads=", n_kv_heads, " head_dim=", head_dim);
-  const dim3 grid(static_cast<unsigned>(n_writes), static_cast<unsigned>(n_kv_heads), 2);
-  launch("kv_store_kernel", kv_store_kernel, grid, kThreads, 0, stream, writes,
-         static_cast<uint32_t>(n_kv_heads), static_cast<uint32_t>(head_dim), k, v);
+  FERRY_CHECK(reinterpret_cast<uintptr_t>(k) % 16 == 0 && reinterpret_cast<uintptr_t>(v) % 16 == 0,
+              "kv_store", "k and v must be 16-byte aligned");
+  // Decode steps: a block of kThreads per (write, head, side), as many
+  // blocks as can start at once; prefill steps: 8 writes a block of 256.
+  const uint32_t per_block = n_writes >= 64 ? 8 : 1;
+  const unsigned threads = per_block == 1 ? kThreads : 256;
+  const dim3 grid(static_cast<unsigned>((n_writes + per_block - 1) / per_block),
+                  static_cast<unsigned>(n_kv_heads), 2);
+  launch("kv_store_kernel", kv_store_kernel, grid, threads, 0, stream, writes,
+         static_cast<uint32_t>(n_writes), per_block, static_cast<uint32_t>(n_kv_heads),
+         static_cast<uint32_t>(head_dim), k, v);
 }
 
 }  // namespace ferry::cuda

@@ -372,30 +372,32 @@ TEST(CudaOps, FusedNormAndBf16CopiesEqualSeparateOps) {
 
 TEST(CudaOps, RopeMatchesCpu) {
   REQUIRE_GPU();
-  for (size_t head_dim : {64, 128}) {
-    const size_t rows = 7, heads = 5;
-    auto x = random_floats(rows * heads * head_dim, 51);
-    std::vector<float> inv(head_dim / 2);
-    for (size_t i = 0; i < inv.size(); ++i) inv[i] = std::pow(500000.0f, -2.0f * i / head_dim);
-    const std::vector<int32_t> pos = {0, 1, 17, 300, 4095, 8191, 131000};
-    DeviceBuffer<float> d_x(x), d_inv(inv);
-    DeviceBuffer<int32_t> d_pos(pos);
-    // rope2 (q and k in one launch) gives each tensor the bits of its own call.
-    auto y = random_floats(rows * 2 * head_dim, 52);
-    DeviceBuffer<float> d_y(y), d_x2(x), d_y2(y);
-    cuda::rope2(d_x2.get(), heads, d_y2.get(), 2, rows, head_dim, d_pos.get(), d_inv.get(),
-                nullptr);
-    cuda::rope(d_x.get(), rows, heads, head_dim, d_pos.get(), d_inv.get(), nullptr);
-    cuda::rope(d_y.get(), rows, 2, head_dim, d_pos.get(), d_inv.get(), nullptr);
-    EXPECT_EQ(first_bit_diff(d_x.download(), d_x2.download().data(), x.size()), -1);
-    EXPECT_EQ(first_bit_diff(d_y.download(), d_y2.download().data(), y.size()), -1);
-    for (size_t r = 0; r < rows; ++r)
-      kernels::rope(x.data() + r * heads * head_dim, heads, head_dim, pos[r], inv.data());
-    const auto got = d_x.download();
-    // cosf/sinf within 2 ulp of glibc's (the angle itself is bit-identical):
-    // |error| <= ~4 ulp of 1 for inputs in [-1, 1].
-    for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(got[i], x[i], 1e-6f) << i;
-  }
+  // (13 + 2 heads: q's heads cross the kernel's runs of 8.)
+  for (size_t heads : {5, 13})
+    for (size_t head_dim : {64, 128}) {
+      const size_t rows = 7;
+      auto x = random_floats(rows * heads * head_dim, 51);
+      std::vector<float> inv(head_dim / 2);
+      for (size_t i = 0; i < inv.size(); ++i) inv[i] = std::pow(500000.0f, -2.0f * i / head_dim);
+      const std::vector<int32_t> pos = {0, 1, 17, 300, 4095, 8191, 131000};
+      DeviceBuffer<float> d_x(x), d_inv(inv);
+      DeviceBuffer<int32_t> d_pos(pos);
+      // rope2 (q and k in one launch) gives each tensor the bits of its own call.
+      auto y = random_floats(rows * 2 * head_dim, 52);
+      DeviceBuffer<float> d_y(y), d_x2(x), d_y2(y);
+      cuda::rope2(d_x2.get(), heads, d_y2.get(), 2, rows, head_dim, d_pos.get(), d_inv.get(),
+                  nullptr);
+      cuda::rope(d_x.get(), rows, heads, head_dim, d_pos.get(), d_inv.get(), nullptr);
+      cuda::rope(d_y.get(), rows, 2, head_dim, d_pos.get(), d_inv.get(), nullptr);
+      EXPECT_EQ(first_bit_diff(d_x.download(), d_x2.download().data(), x.size()), -1);
+      EXPECT_EQ(first_bit_diff(d_y.download(), d_y2.download().data(), y.size()), -1);
+      for (size_t r = 0; r < rows; ++r)
+        kernels::rope(x.data() + r * heads * head_dim, heads, head_dim, pos[r], inv.data());
+      const auto got = d_x.download();
+      // cosf/sinf within 2 ulp of glibc's (the angle itself is bit-identical):
+      // |error| <= ~4 ulp of 1 for inputs in [-1, 1].
+      for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(got[i], x[i], 1e-6f) << i;
+    }
 }
 
 // ---- matmul_gguf ---------------------------------------------------------------
@@ -493,44 +495,47 @@ std::vector<float> kv_rows(size_t n_tokens, size_t kv_dim, uint32_t seed) {
   return x;
 }
 
+// 5 writes (a decode-sized call: a block per write) and 70 (a prefill-sized
+// one: 8 writes a block, the last block ragged).
 TEST(CudaOps, KvStoreBytesEqualCpuEncoding) {
   REQUIRE_GPU();
-  for (size_t D : {64, 128})
-    for (const KvFormat& kf : kKvFormats)
-      for (const KvFormat& vf : {KvFormat::affine(4, 64), KvFormat::f16(), kf}) {
-        if (!(D % std::max<size_t>(kf.group, 1) == 0 && D % std::max<size_t>(vf.group, 1) == 0))
-          continue;
-        const size_t H = 2, C = 40, n_tokens = 5;
-        KvPlanes K(kf, D, H, C, 0xab), V(vf, D, H, C, 0xcd);
-        K.upload();
-        V.upload();
-        const auto k = kv_rows(n_tokens, H * D, 81), v = kv_rows(n_tokens, H * D, 82);
-        std::vector<cuda::KvWrite> writes;
-        const uint32_t slots[] = {0, 39, 7, 8, 20};
-        for (uint32_t i = 0; i < n_tokens; ++i) {
-          cuda::KvWrite w;
-          w.k = K.side(true);
-          w.v = V.side(true);
-          w.slot = slots[i];
-          w.token = (i * 3) % n_tokens;
-          writes.push_back(w);
-          for (size_t h = 0; h < H; ++h) {
-            K.encode(h, w.slot, k.data() + (w.token * H + h) * D);
-            V.encode(h, w.slot, v.data() + (w.token * H + h) * D);
+  for (size_t n_tokens : {5, 70})
+    for (size_t D : {64, 128})
+      for (const KvFormat& kf : kKvFormats)
+        for (const KvFormat& vf : {KvFormat::affine(4, 64), KvFormat::f16(), kf}) {
+          if (!(D % std::max<size_t>(kf.group, 1) == 0 && D % std::max<size_t>(vf.group, 1) == 0))
+            continue;
+          const size_t H = 2, C = n_tokens == 5 ? 40 : 80;
+          KvPlanes K(kf, D, H, C, 0xab), V(vf, D, H, C, 0xcd);
+          K.upload();
+          V.upload();
+          const auto k = kv_rows(n_tokens, H * D, 81), v = kv_rows(n_tokens, H * D, 82);
+          std::vector<cuda::KvWrite> writes;
+          const uint32_t slots[] = {0, 39, 7, 8, 20};
+          for (uint32_t i = 0; i < n_tokens; ++i) {
+            cuda::KvWrite w;
+            w.k = K.side(true);
+            w.v = V.side(true);
+            w.slot = n_tokens == 5 ? slots[i] : (i * 37 + 3) % 80;  // distinct slots
+            w.token = (i * 3) % n_tokens;
+            writes.push_back(w);
+            for (size_t h = 0; h < H; ++h) {
+              K.encode(h, w.slot, k.data() + (w.token * H + h) * D);
+              V.encode(h, w.slot, v.data() + (w.token * H + h) * D);
+            }
           }
+          DeviceBuffer<float> d_k(k), d_v(v);
+          DeviceBuffer<cuda::KvWrite> d_writes(writes.size());
+          CK(cudaMemcpy(d_writes.get(), writes.data(), writes.size() * sizeof(cuda::KvWrite),
+                        cudaMemcpyHostToDevice));
+          cuda::kv_store(d_writes.get(), writes.size(), H, D, d_k.get(), d_v.get(), nullptr);
+          for (size_t p = 0; p < K.units.size(); ++p)
+            EXPECT_TRUE(K.download(p) == K.host[p])
+                << "K " << kf.name() << " plane " << p << " D=" << D << " tokens=" << n_tokens;
+          for (size_t p = 0; p < V.units.size(); ++p)
+            EXPECT_TRUE(V.download(p) == V.host[p])
+                << "V " << vf.name() << " plane " << p << " D=" << D << " tokens=" << n_tokens;
         }
-        DeviceBuffer<float> d_k(k), d_v(v);
-        DeviceBuffer<cuda::KvWrite> d_writes(writes.size());
-        CK(cudaMemcpy(d_writes.get(), writes.data(), writes.size() * sizeof(cuda::KvWrite),
-                      cudaMemcpyHostToDevice));
-        cuda::kv_store(d_writes.get(), writes.size(), H, D, d_k.get(), d_v.get(), nullptr);
-        for (size_t p = 0; p < K.units.size(); ++p)
-          EXPECT_TRUE(K.download(p) == K.host[p])
-              << "K " << kf.name() << " plane " << p << " D=" << D;
-        for (size_t p = 0; p < V.units.size(); ++p)
-          EXPECT_TRUE(V.download(p) == V.host[p])
-              << "V " << vf.name() << " plane " << p << " D=" << D;
-      }
 }
 
 // kv_copy refuses a list it cannot index (before touching the device); an
