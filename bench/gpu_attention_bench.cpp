@@ -78,6 +78,8 @@ const char* variant_name(cuda::AttentionVariant v) {
       return "warp";
     case cuda::AttentionVariant::Split:
       return "split";
+    case cuda::AttentionVariant::Shared:
+      return "shared";
   }
   return "?";
 }
@@ -207,7 +209,11 @@ int main(int argc, char** argv) {
   // query's keys.
   std::printf("\nprefill (causal prompts of 128 tokens)\n");
   for (const KvFormat& f : {KvFormat::bf16(), KvFormat::affine(4, 64)})
-    for (size_t prompts : {17, 44}) run_case(f, prompts, 128, 128, {V::PerWarp, V::PerBlock});
+    for (size_t prompts : {17, 44})
+      run_case(f, prompts, 128, 128, {V::PerWarp, V::Shared, V::PerBlock});
+  // One prompt of 4,096 tokens in one step, and its last chunk of 512.
+  std::printf("\nprefill (one causal prompt of 4,096 tokens)\n");
+  run_case(KvFormat::bf16(), 1, 4096, 4096, {V::PerWarp, V::Shared});
 
   std::printf("\n%-6s %6s %9s\n", "kv", "tokens", "store us");
   for (const KvFormat& f : formats)

@@ -1203,8 +1203,11 @@ __device__ __forceinline__ float sb_value(uint32_t img, int plane, uint32_t r, u
   return h2f(static_cast<uint16_t>(lds16(img + TcImage<D, F>::sb_at(plane, r, gr))));
 }
 
-// One tile of nt keys from the image into the warp's state.
-template <int D, int F>
+// One tile of nt keys from the image into the warp's state. kMaskV (dense
+// images): the V fragments of keys nt and above are zeroed in registers, as
+// the image's V rows past nt would be had the warp staged the tile itself
+// (the same operands, so the same bits); the image may hold real keys there.
+template <int D, int F, bool kMaskV = false>
 __device__ __forceinline__ void tc_tile(uint32_t img, const uint4* qf, const TcQuery<D>& tq, int nt,
                                         float scale, int lane, TcState<D, F>& st) {
   using Img = TcImage<D, F>;
@@ -1328,6 +1331,13 @@ __device__ __forceinline__ void tc_tile(uint32_t img, const uint4* qf, const TcQ
         b3 = v_codes<tc_bits(F)>(raw[2 * h + 1], s + 1);
       } else {
         ldsm_x4_trans(img + Img::v_at(key, 2 * jp + (mat >> 1)), b0, b1, b2, b3);
+        if constexpr (kMaskV) {
+          // b0, b2: keys 16 ks + 2c and + 1 (low and high halves); b1, b3: + 8.
+          const int k0 = 16 * ks + 2 * c;
+          const uint32_t lo = (k0 < nt ? 0xffffu : 0u) | (k0 + 1 < nt ? 0xffff0000u : 0u);
+          const uint32_t hi = (k0 + 8 < nt ? 0xffffu : 0u) | (k0 + 9 < nt ? 0xffff0000u : 0u);
+          b0 &= lo, b2 &= lo, b1 &= hi, b3 &= hi;
+        }
       }
       tc_mma<AF>(st.o[2 * jp], a, b0, b1);
       tc_mma<AF>(st.o[2 * jp + 1], a, b2, b3);
@@ -1570,6 +1580,116 @@ __global__ void __launch_bounds__(kTcWarps * 32, 2)
     store_out(job, o + tc_dim<F>(i, c), n_virtual > 0 ? __fmul_rn(run.o[i], inv) : 0.0f);
 }
 
+// Whether the keys of s are the first s.n keys of l (the same slots in the
+// same order): prompt chunks, where each query sees one key more than the
+// one before.
+__device__ __forceinline__ bool keys_prefix(const Keys& s, const Keys& l) {
+  if (s.b0 != l.b0 || s.n > l.n) return false;
+  if (s.n <= s.len0) return s.n <= l.len0;
+  return s.len0 == l.len0 && s.b1 == l.b1;
+}
+__device__ __forceinline__ bool same_side(const kernels::KvSide& a, const kernels::KvSide& b) {
+  static_assert(sizeof(kernels::KvSide) % 4 == 0);
+  const uint32_t* x = reinterpret_cast<const uint32_t*>(&a);
+  const uint32_t* y = reinterpret_cast<const uint32_t*>(&b);
+  for (size_t i = 0; i < sizeof(kernels::KvSide) / 4; ++i)
+    if (x[i] != y[i]) return false;
+  return true;
+}
+
+// Per-warp tc kernel with shared staging (prefill, dense K/V): a block's
+// kTcWarps warps take consecutive jobs as attention_tc_warp_kernel does,
+// but where the jobs' keys are prefixes of the longest one's (a prompt
+// chunk's queries over the same cache row) the block stages each tile once,
+// with all its threads, into one image that every warp computes from.
+// A warp whose keys end inside a staged tile (nt below the staged count)
+// masks the V fragments past its nt in registers (tc_tile's kMaskV): the
+// operands its own staging would have given, so each warp's tiles are
+// exactly those of attention_tc_warp_kernel. Blocks whose
+// jobs are not prefixes of one another (rows' boundaries, wrapped windows
+// of other lengths, decode steps) stage each warp's tiles in turn.
+template <int D, int F>
+__global__ void __launch_bounds__(kTcWarps * 32, 3)
+    attention_tc_shared_kernel(const AttentionJob* jobs, size_t n_jobs, uint32_t group_heads,
+                               float scale) {
+  static_assert(!tc_aff(F), "dense images (tc_tile's kMaskV)");
+  extern __shared__ __align__(16) float smem[];
+  __shared__ int longest, all_prefix;
+  detail::dependency_wait();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
+  constexpr int kThreads = kTcWarps * 32;
+  const size_t j0 = size_t{blockIdx.x} * kTcWarps;
+  const int n_here = static_cast<int>(min(static_cast<size_t>(kTcWarps), n_jobs - j0));
+  const bool active = warp < n_here;
+  uint4* qf = reinterpret_cast<uint4*>(smem) + warp * (D / 16) * 32;
+  const uint32_t img = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + kTcWarps * D * 32;
+  JobView jv;
+  TcQuery<D> tq;
+  TcChunk ch{};
+  if (active) ch = tc_begin<D, F>(jobs[j0 + warp], group_heads, qf, true, lane, jv, tq);
+  if (tid == 0) {
+    Keys k[kTcWarps];
+    int lw = 0;
+    for (int j = 0; j < n_here; ++j) {
+      k[j].init(jobs[j0 + j]);
+      if (k[j].n > k[lw].n) lw = j;
+    }
+    bool ok = true;
+    for (int j = 0; j < n_here && ok; ++j)
+      ok = j == lw || (keys_prefix(k[j], k[lw]) && same_side(jobs[j0 + j].k, jobs[j0 + lw].k) &&
+                       same_side(jobs[j0 + j].v, jobs[j0 + lw].v));
+    longest = lw;
+    all_prefix = ok;
+  }
+  __syncthreads();
+  const size_t my_n = active ? jv.keys.n : 0;
+  const size_t my_nv = min((my_n + 31) / 32, static_cast<size_t>(kVirtual));
+  TcOut<D> run;
+  TcState<D, F> st;
+  const bool shared = all_prefix != 0;
+  // Groups of warps that share staging: all of them, or each alone in turn.
+  for (int grp = 0; grp < (shared ? 1 : n_here); ++grp) {
+    const int src = shared ? longest : grp;
+    const bool mine = active && (shared || warp == grp);
+    JobView jl;
+    jl.init(jobs[j0 + src], blockIdx.y);
+    const size_t n_long = jl.keys.n;
+    const size_t nv = min((n_long + 31) / 32, static_cast<size_t>(kVirtual));
+    for (size_t w = 0; w < nv; ++w) {
+      if (mine && w < my_nv) st.init();
+      for (size_t t0 = 32 * w; t0 < n_long; t0 += size_t{32} * kVirtual) {
+        tc_stage<D, F>(img, tc_ptr(img), jl, t0, tid, kThreads);
+        cp_async_wait_all();
+        __syncthreads();
+        // This warp's keys in the tile (0: none); V rows past them are
+        // masked in registers.
+        const int nt = mine && t0 < my_n ? static_cast<int>(min(size_t{32}, my_n - t0)) : 0;
+        if (nt > 0) tc_tile<D, F, true>(img, qf, tq, nt, scale, lane, st);
+        __syncthreads();  // the image is read before the next tile's copies
+      }
+      if (mine && w < my_nv) {
+        if (w == 0) {
+          tc_finish<D, F>(st, run);
+        } else {
+          TcOut<D> out;
+          tc_finish<D, F>(st, out);
+          tc_fold<D>(run, out);
+        }
+      }
+    }
+  }
+  if (!active) return;
+  const int g = lane >> 2, c = lane & 3;
+  if (g >= ch.gh) return;
+  if (my_nv == 0) run.l = 0.0f;
+  const float inv = my_nv > 0 && run.l > 0.0f ? __fdiv_rn(1.0f, run.l) : 0.0f;
+  const size_t o = size_t{ch.h0 + g} * D;
+  const AttentionJob& job = jobs[j0 + warp];
+#pragma unroll
+  for (int i = 0; i < D / 4; ++i)
+    store_out(job, o + tc_dim<F>(i, c), my_nv > 0 ? __fmul_rn(run.o[i], inv) : 0.0f);
+}
+
 // Split tc kernel: block (job, kv head, chunk of kSplitHeads heads *
 // kVirtual + w), a warp per kTcHeads heads of the chunk, one image staged
 // by the whole block; states to the workspace for attention_merge_kernel.
@@ -1641,7 +1761,17 @@ void launch_tc(const AttentionJob* jobs, size_t n_jobs, const kernels::Attention
                    static_cast<uint32_t>(D), static_cast<const float*>(ws));
     return;
   }
-  if (variant == AttentionVariant::PerWarp) {
+  if constexpr (!tc_aff(F)) {
+    if (variant == AttentionVariant::Shared) {
+      const dim3 grid(static_cast<unsigned>((n_jobs + kTcWarps - 1) / kTcWarps), kvh, chunks);
+      const size_t smem = kTcWarps * D * 32 + kImg;
+      raise_smem_limit<attention_tc_shared_kernel<D, F>>(smem);
+      detail::launch("attention_tc_shared_kernel", attention_tc_shared_kernel<D, F>, grid,
+                     kTcWarps * 32, smem, stream, jobs, n_jobs, group_heads, s.scale);
+      return;
+    }
+  }
+  if (variant == AttentionVariant::PerWarp || variant == AttentionVariant::Shared) {
     const dim3 grid(static_cast<unsigned>((n_jobs + kTcWarps - 1) / kTcWarps), kvh, chunks);
     const size_t smem = kTcWarps * (D * 32 + kImg);
     raise_smem_limit<attention_tc_warp_kernel<D, F>>(smem);
@@ -1777,7 +1907,7 @@ void launch_e(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionS
               uint32_t group_heads, AttentionVariant variant, float* ws, cudaStream_t stream) {
   if (variant == AttentionVariant::Split)
     return launch_split<kE, kAffine>(jobs, n_jobs, s, group_heads, ws, stream);
-  const bool per_warp = variant == AttentionVariant::PerWarp;
+  const bool per_warp = variant == AttentionVariant::PerWarp || variant == AttentionVariant::Shared;
   if (group_heads == 1 || n_jobs < kFewJobs)
     return launch<1, kE, kAffine>(jobs, n_jobs, s, group_heads, per_warp, stream);
   if (group_heads == 2)
@@ -1797,6 +1927,16 @@ void launch_d(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionS
 }
 
 }  // namespace
+
+// Shared staging for prompt chunks (attention_tc_shared_kernel); off with
+// FERRY_CUDA_ATTN_SHARED=0 (for measuring).
+static bool shared_staging() {
+  static const bool on = [] {
+    const char* e = std::getenv("FERRY_CUDA_ATTN_SHARED");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
 
 size_t attention_workspace_floats(size_t n_jobs, const kernels::AttentionShape& shape) {
   return n_jobs < kFewJobs ? n_jobs * shape.n_heads * kVirtual * (shape.head_dim + 2) : 0;
@@ -1820,7 +1960,9 @@ void attention_variant(const AttentionJob* jobs, size_t n_jobs,
   // q8g64 256 x 128 70 against 84); the scalar one from 512.
   const size_t many = fam != kTcNone ? kManyJobs / 2 : kManyJobs;
   if (variant == AttentionVariant::Auto)
-    variant = n_jobs >= many                   ? AttentionVariant::PerWarp
+    variant = n_jobs >= many
+                  ? (formats.prompt_chunks && shared_staging() ? AttentionVariant::Shared
+                                                               : AttentionVariant::PerWarp)
               : workspace && n_jobs < kFewJobs ? AttentionVariant::Split
                                                : AttentionVariant::PerBlock;
   FERRY_CHECK(variant != AttentionVariant::Split || workspace, "attention",

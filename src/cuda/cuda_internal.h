@@ -37,7 +37,10 @@ void expand_jobs(const AttentionJob* base, size_t n, const PlaneShift* shifts, s
 // per (job, head, virtual warp) and a merge (fewer than kFewJobs, with a
 // workspace of attention_workspace_floats). All give bit-identical
 // outputs; tests compare them.
-enum class AttentionVariant { Auto, PerBlock, PerWarp, Split };
+// Shared: the per-warp kernels with a block's tiles staged once for jobs
+// whose keys are prefixes of each other (tensor-core tiles of dense K/V;
+// elsewhere PerWarp).
+enum class AttentionVariant { Auto, PerBlock, PerWarp, Split, Shared };
 inline constexpr size_t kFewJobs = 32, kManyJobs = 512;
 void attention_variant(const AttentionJob* jobs, size_t n_jobs,
                        const kernels::AttentionShape& shape, const AttentionFormats& formats,

@@ -210,6 +210,11 @@ struct AttentionJob {
 // kernels without it.
 struct AttentionFormats {
   kernels::KvFormat k, v;
+  // A hint: most consecutive jobs are consecutive queries of one cache row
+  // (a prefill step's prompt chunks), so steps of many jobs stage each key
+  // tile once for a block of them (attention.cu). Results are the same
+  // bits either way.
+  bool prompt_chunks = false;
 };
 size_t attention_workspace_floats(size_t n_jobs, const kernels::AttentionShape& shape);
 void attention(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& shape,

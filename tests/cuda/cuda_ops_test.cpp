@@ -770,6 +770,8 @@ TEST(CudaOps, AttentionVariantsAreBitIdentical) {
       const auto b = gpu_attention(f, specs, q, cuda::AttentionVariant::PerWarp);
       const auto c = gpu_attention(f, specs, q, cuda::AttentionVariant::Auto);
       const auto d = gpu_attention(f, specs, q, cuda::AttentionVariant::Split);
+      const auto e = gpu_attention(f, specs, q, cuda::AttentionVariant::Shared);
+      ASSERT_EQ(first_bit_diff(a, e.data(), a.size()), -1) << "shared, batch=" << batch;
       ASSERT_EQ(first_bit_diff(a, b.data(), a.size()), -1)
           << "D=" << ac.D << " heads=" << ac.n_heads << "/" << ac.n_kv_heads << " batch=" << batch;
       ASSERT_EQ(first_bit_diff(a, c.data(), a.size()), -1) << "batch=" << batch;
