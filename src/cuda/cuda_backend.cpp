@@ -825,11 +825,10 @@ class CudaBackend final : public model::Backend {
     // 4,096-token prompt's attention took 5.3 ms a layer so against 7.1
     // per warp, 17 prompts of 128 tokens 270 against 205 µs
     // (gpu_attention_bench, docs/BENCHMARKS.md).
-    size_t runs = 0, depth = 0;
-    for (size_t t = 0; t < places.size(); ++t) {
-      runs += t > 0 && places[t].row == places[t - 1].row;
-      depth += places[t].i;
-    }
+    size_t runs = 0, depth = 0;  // depth: the jobs' keys
+    for (size_t t = 0; t < places.size(); ++t) runs += t > 0 && places[t].row == places[t - 1].row;
+    for (const AttentionJob& j : jobs_)
+      depth += (j.seg[0].end - j.seg[0].begin) + (j.seg[1].end - j.seg[1].begin);
     formats.prompt_chunks =
         runs * 4 >= places.size() * 3 && depth >= kSharedAttentionDepth * places.size();
     cuda::attention(d, places.size(), shape, formats, w, stream_);
@@ -1181,9 +1180,12 @@ class CudaBackend final : public model::Backend {
     graph_ = nullptr;
   }
 
-  // The mean position in their rows from which prompt chunks' attention
-  // stages each tile once for a block of queries (attention above).
-  static constexpr size_t kSharedAttentionDepth = 1024;
+  // The mean keys a job from which prompt chunks' attention stages each
+  // tile once for a block of queries (attention above). A step replayed
+  // from a graph keeps the choice of the step it was captured from (same
+  // bits either way): with chunks of 512 that is a prompt's second chunk
+  // (768 keys a job on average), which this bound lets share.
+  static constexpr size_t kSharedAttentionDepth = 512;
 
   CudaOptions opts_;
   std::string name_;
