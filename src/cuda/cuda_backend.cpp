@@ -822,7 +822,7 @@ class CudaBackend final : public model::Backend {
     if (!jobs_.empty()) formats = {jobs_[0].k.format, jobs_[0].v.format};
     // Prompt chunks (consecutive places of one row) deep enough into their
     // rows that staging a tile once for four queries pays: on the H200 a
-    // 4,096-token prompt's attention took 5.3 ms a layer so against 7.1
+    // 4,096-token prompt's attention took 5.3 ms a layer shared against 7.1
     // per warp, 17 prompts of 128 tokens 270 against 205 µs
     // (gpu_attention_bench, docs/BENCHMARKS.md).
     size_t runs = 0, depth = 0;  // depth: the jobs' keys
