@@ -452,8 +452,16 @@ __device__ __forceinline__ void tile_staged(const float* q_s, const SideView& K,
   __syncwarp();  // every lane is done with the image before the next tile overwrites it
 }
 
-// q_s[h][D] = the job's query heads h0 .. h0 + gh - 1 (zeros past gh), by
-// threads first, first + step, ...
+// Copies *src into dst (shared memory) by the whole block, through L2,
+// before the dependency wait of a call whose jobs are settled
+// (AttentionFormats::jobs_settled); the block meets a barrier after.
+__device__ __forceinline__ void early_job(unsigned char* dst, const AttentionJob* src) {
+  static_assert(sizeof(AttentionJob) % 4 == 0);
+  for (uint32_t i = threadIdx.x; i < sizeof(AttentionJob) / 4; i += blockDim.x)
+    reinterpret_cast<uint32_t*>(dst)[i] = __ldcg(reinterpret_cast<const unsigned int*>(src) + i);
+  __syncthreads();
+}
+
 // Writes output element i (= head * D + dim) of a job, and its bf16
 // rounding where the job asks for one.
 __device__ __forceinline__ void store_out(const AttentionJob& job, size_t i, float v) {
@@ -461,6 +469,8 @@ __device__ __forceinline__ void store_out(const AttentionJob& job, size_t i, flo
   if (job.out_bf16) job.out_bf16[i] = f2bf(v);
 }
 
+// q_s[h][D] = the job's query heads h0 .. h0 + gh - 1 (zeros past gh), by
+// threads first, first + step, ...
 template <int kG>
 __device__ __forceinline__ void load_query(float* q_s, const AttentionJob& job, uint32_t h0, int gh,
                                            uint32_t D, uint32_t first, uint32_t step) {
@@ -714,11 +724,14 @@ __global__ void __launch_bounds__(kSplitHeads * 32, kAffine ? 2 : 4)
 // states' loads issued kMergeAhead ahead.
 constexpr int kMergeAhead = 16;
 __global__ void __launch_bounds__(256)
-    attention_merge_kernel(const AttentionJob* jobs, uint32_t D, const float* ws) {
+    attention_merge_kernel(const AttentionJob* jobs, uint32_t D, const float* ws, bool early) {
   __shared__ float a_s[kVirtual], b_s[kVirtual], m_s[kVirtual];
+  __shared__ __align__(16) unsigned char job_raw[sizeof(AttentionJob)];
+  if (early) early_job(job_raw, jobs + blockIdx.x);
   detail::dependency_wait();
   const uint32_t d = threadIdx.x;
-  const AttentionJob& job = jobs[blockIdx.x];
+  const AttentionJob& job =
+      early ? *reinterpret_cast<const AttentionJob*>(job_raw) : jobs[blockIdx.x];
   Keys keys;
   keys.init(job);
   const uint32_t h = blockIdx.y;
@@ -1425,6 +1438,26 @@ __device__ __forceinline__ int tc_load(uint32_t img, const JobView& jv, size_t t
   return nt;
 }
 
+// A tile whose copies were issued before the dependency wait: `meanwhile`
+// runs, then the copies are waited for as tc_load does.
+template <bool kBlock, class Meanwhile>
+__device__ __forceinline__ int tc_staged(const JobView& jv, size_t t0, Meanwhile&& meanwhile) {
+  meanwhile();
+  cp_async_wait_all();
+  if constexpr (kBlock)
+    __syncthreads();
+  else
+    __syncwarp();
+  return static_cast<int>(min(size_t{32}, jv.keys.n - t0));
+}
+
+// Whether the tile of keys from t0 exists and holds only keys the job
+// calls settled (AttentionJob::settled): it may be staged before the wait.
+__device__ __forceinline__ bool settled_tile(const JobView& jv, const AttentionJob& job,
+                                             size_t t0) {
+  return t0 < jv.keys.n && t0 + min(size_t{32}, jv.keys.n - t0) <= job.settled;
+}
+
 // The kv head (blockIdx.y) of a per-block or per-warp tc block and its
 // chunk blockIdx.z of kTcHeads query heads: the first, h0, and how many.
 struct TcChunk {
@@ -1696,9 +1729,9 @@ __global__ void __launch_bounds__(kTcWarps * 32, 3)
 template <int D, int F>
 __global__ void __launch_bounds__(kSplitHeads / kTcHeads * 32)
     attention_tc_split_kernel(const AttentionJob* jobs, uint32_t group_heads, float scale,
-                              float* ws) {
+                              float* ws, bool early) {
   extern __shared__ __align__(16) float smem[];
-  detail::dependency_wait();
+  __shared__ __align__(16) unsigned char job_raw[sizeof(AttentionJob)];
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const uint32_t w = blockIdx.z % kVirtual, kvh = blockIdx.y;
   const uint32_t hg0 =
@@ -1710,19 +1743,33 @@ __global__ void __launch_bounds__(kSplitHeads / kTcHeads * 32)
   uint4* qf = reinterpret_cast<uint4*>(smem) + warp * (D / 16) * 32;
   const uint32_t img =
       static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + blockDim.x / 32 * D * 32;
-  const AttentionJob& job = jobs[blockIdx.x];
+  const int tid = static_cast<int>(threadIdx.x), n_threads = static_cast<int>(blockDim.x);
+  // With settled jobs (early), the job and a first tile of settled keys
+  // are read while the kernel before still runs.
   JobView jv;
-  jv.init(job, kvh);
+  bool staged = false;
+  if (early) {
+    early_job(job_raw, jobs + blockIdx.x);
+    jv.init(*reinterpret_cast<const AttentionJob*>(job_raw), kvh);
+    staged = settled_tile(jv, *reinterpret_cast<const AttentionJob*>(job_raw), size_t{32} * w);
+    if (staged) tc_stage<D, F>(img, tc_ptr(img), jv, size_t{32} * w, tid, n_threads);
+  }
+  detail::dependency_wait();
+  const AttentionJob& job =
+      early ? *reinterpret_cast<const AttentionJob*>(job_raw) : jobs[blockIdx.x];
+  if (!early) jv.init(job, kvh);
   if (32 * size_t{w} >= jv.keys.n) return;  // no tiles: not folded (uniform over the block)
   TcQuery<D> tq;
   TcState<D, F> st;
   st.init();
-  const int tid = static_cast<int>(threadIdx.x), n_threads = static_cast<int>(blockDim.x);
   for (size_t t0 = size_t{32} * w; t0 < jv.keys.n; t0 += size_t{32} * kVirtual) {
     // The query's loads go out with the first tile's copies.
-    const int nt = tc_load<D, F, true>(img, jv, t0, tid, n_threads, [&] {
+    auto query = [&] {
       if (t0 == size_t{32} * w && gh > 0) tc_query<D, F>(qf, true, job, h0, gh, lane, tq);
-    });
+    };
+    const int nt = staged && t0 == size_t{32} * w
+                       ? tc_staged<true>(jv, t0, query)
+                       : tc_load<D, F, true>(img, jv, t0, tid, n_threads, query);
     if (gh > 0) tc_tile<D, F>(img, qf, tq, nt, scale, lane, st);
     __syncthreads();  // the image is read before the next tile's copies
   }
@@ -1742,7 +1789,8 @@ __global__ void __launch_bounds__(kSplitHeads / kTcHeads * 32)
 
 template <int D, int F>
 void launch_tc(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& s,
-               uint32_t group_heads, AttentionVariant variant, float* ws, cudaStream_t stream) {
+               uint32_t group_heads, AttentionVariant variant, float* ws, bool early,
+               cudaStream_t stream) {
   const unsigned kvh = static_cast<unsigned>(s.n_kv_heads);
   const unsigned chunks = static_cast<unsigned>((group_heads + kTcHeads - 1) / kTcHeads);
   constexpr uint32_t kImg = TcImage<D, F>::kBytes;
@@ -1754,11 +1802,11 @@ void launch_tc(const AttentionJob* jobs, size_t n_jobs, const kernels::Attention
     const size_t smem = warps * D * 32 + kImg;
     raise_smem_limit<attention_tc_split_kernel<D, F>>(smem);
     detail::launch("attention_tc_split_kernel", attention_tc_split_kernel<D, F>, grid, warps * 32,
-                   smem, stream, jobs, group_heads, s.scale, ws);
+                   smem, stream, jobs, group_heads, s.scale, ws, early);
     const dim3 mgrid(static_cast<unsigned>(n_jobs), static_cast<unsigned>(s.n_heads));
     detail::launch("attention_merge_kernel", attention_merge_kernel, mgrid,
                    std::max<uint32_t>(kVirtual, (D + 31) / 32 * 32), 0, stream, jobs,
-                   static_cast<uint32_t>(D), static_cast<const float*>(ws));
+                   static_cast<uint32_t>(D), static_cast<const float*>(ws), early);
     return;
   }
   if constexpr (!tc_aff(F)) {
@@ -1824,9 +1872,9 @@ int tc_family(const AttentionFormats& f, size_t D) {
 template <int D>
 void launch_tc_fam(int fam, const AttentionJob* jobs, size_t n_jobs,
                    const kernels::AttentionShape& s, uint32_t group_heads, AttentionVariant variant,
-                   float* ws, cudaStream_t stream) {
+                   float* ws, bool early, cudaStream_t stream) {
   auto go = [&](auto f) {
-    launch_tc<D, decltype(f)::value>(jobs, n_jobs, s, group_heads, variant, ws, stream);
+    launch_tc<D, decltype(f)::value>(jobs, n_jobs, s, group_heads, variant, ws, early, stream);
   };
   switch (fam) {
     case kTcF16:
@@ -1859,7 +1907,7 @@ void launch_split(const AttentionJob* jobs, size_t n_jobs, const kernels::Attent
   const dim3 mgrid(static_cast<unsigned>(n_jobs), static_cast<unsigned>(s.n_heads));
   detail::launch("attention_merge_kernel", attention_merge_kernel, mgrid,
                  std::max<uint32_t>(kVirtual, (D + 31) / 32 * 32), 0, stream, jobs, D,
-                 static_cast<const float*>(ws));
+                 static_cast<const float*>(ws), false);
 }
 
 template <int kG, int kE, bool kAffine>
@@ -1971,8 +2019,10 @@ void attention_variant(const AttentionJob* jobs, size_t n_jobs,
               "attention", "too many heads per group: ", group_heads);
   if (fam != kTcNone) {
     if (D == 64)
-      return launch_tc_fam<64>(fam, jobs, n_jobs, shape, group_heads, variant, workspace, stream);
-    return launch_tc_fam<128>(fam, jobs, n_jobs, shape, group_heads, variant, workspace, stream);
+      return launch_tc_fam<64>(fam, jobs, n_jobs, shape, group_heads, variant, workspace,
+                               formats.jobs_settled, stream);
+    return launch_tc_fam<128>(fam, jobs, n_jobs, shape, group_heads, variant, workspace,
+                              formats.jobs_settled, stream);
   }
   const bool affine = formats.k.kind == Kind::Affine || formats.v.kind == Kind::Affine;
   if (affine) return launch_d<true>(jobs, n_jobs, shape, group_heads, variant, workspace, stream);

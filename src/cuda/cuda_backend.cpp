@@ -345,6 +345,9 @@ class CudaBackend final : public model::Backend {
   explicit CudaBackend(const CudaOptions& opts) : opts_(opts) {
     const char* fuse = std::getenv("FERRY_CUDA_FUSE_QKV");  // "0": Q/K/V, rope, KV write apart
     fuse_qkv_ = !(fuse && std::strcmp(fuse, "0") == 0);
+    // "0": attention reads nothing before its dependency wait.
+    const char* early = std::getenv("FERRY_CUDA_ATTN_EARLY");
+    early_attention_ = !(early && std::strcmp(early, "0") == 0);
     int n = 0;
     const cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0)
@@ -793,13 +796,23 @@ class CudaBackend final : public model::Backend {
         j.v = vs;
         j.seg[0] = task.seg[0];
         j.seg[1] = task.seg[1];
+        // The query's column and the row's i tokens before it in this step
+        // are written by the step; the keys before them were written by
+        // earlier steps.
+        const size_t n = (task.seg[0].end - task.seg[0].begin) +
+                         (task.seg[1].end - task.seg[1].begin);
+        j.settled = static_cast<uint32_t>(n > places[t].i + 1 ? n - places[t].i - 1 : 0);
       }
       return upload(std::span<const AttentionJob>(jobs_));
     };
     const AttentionJob* d = nullptr;
+    // Whether the list was written before the op just ahead of the kernels:
+    // an expanded list made for an earlier layer.
+    bool settled = false;
     // The expanded list holds this step's q and out: reuse it only for them.
     if ((step_jobs_ && step_jobs_q_ == q && step_jobs_out_ == out && step_jobs_bf16_ == ob) ||
         (!step_jobs_ && layer_shifts(kv, places))) {
+      settled = step_jobs_ != nullptr;
       if (!step_jobs_) {
         step_jobs_ = expand_step(build(shift_base_), places.size(), step_jobs_buf_);
         step_jobs_q_ = q;
@@ -831,6 +844,7 @@ class CudaBackend final : public model::Backend {
       depth += (j.seg[0].end - j.seg[0].begin) + (j.seg[1].end - j.seg[1].begin);
     formats.prompt_chunks =
         runs * 4 >= places.size() * 3 && depth >= kSharedAttentionDepth * places.size();
+    formats.jobs_settled = settled && early_attention_;
     cuda::attention(d, places.size(), shape, formats, w, stream_);
   }
 
@@ -1186,6 +1200,7 @@ class CudaBackend final : public model::Backend {
   // bits either way): with chunks of 512 that is a prompt's second chunk
   // (768 keys a job on average), which this bound lets share.
   static constexpr size_t kSharedAttentionDepth = 512;
+  bool early_attention_ = true;
 
   CudaOptions opts_;
   std::string name_;

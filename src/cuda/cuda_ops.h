@@ -196,6 +196,10 @@ struct AttentionJob {
   uint16_t* out_bf16 = nullptr;
   kernels::KvSide k, v;
   kernels::KeySegment seg[2];
+  // Keys [0, settled) in visit order hold values no operation of the call's
+  // step writes (written by earlier steps): with AttentionFormats::
+  // jobs_settled the kernels may stage them before their dependency wait.
+  uint32_t settled = 0;
 };
 // softmax(q . K^T * scale) V over exactly the task's key slots, for every
 // job and head; query head h reads kv head h / (n_heads / n_kv_heads).
@@ -215,6 +219,11 @@ struct AttentionFormats {
   // tile once for a block of them (attention.cu). Results are the same
   // bits either way.
   bool prompt_chunks = false;
+  // The job list was written before the operation just ahead of this call
+  // in the stream, so the kernels may read it, and each job's settled keys,
+  // while that operation still runs (before their dependency wait). Same
+  // bits either way.
+  bool jobs_settled = false;
 };
 size_t attention_workspace_floats(size_t n_jobs, const kernels::AttentionShape& shape);
 void attention(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& shape,

@@ -55,6 +55,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <span>
 #include <tuple>
 #include <type_traits>
@@ -85,6 +86,25 @@ T per_device(std::atomic<T> (&known)[64], Compute compute) {
   const T v = compute(dev);
   if (cached) known[dev].store(v, std::memory_order_relaxed);
   return v;
+}
+
+// How many pipeline stages of weights a producer requests before its
+// dependency wait (FERRY_CUDA_PRE_STAGES overrides; a large value: all of
+// its ring). Two: more copies in flight while the kernel before finishes
+// slow that kernel's tail more than they gain (one lease: single-stream
+// decode 227 tok/s with 2, 224 with the whole ring, 225 with none; another:
+// 231 against 228, and 4k-context bf16 KV 218 against 214;
+// docs/BENCHMARKS.md, session 27).
+__constant__ uint32_t c_pre_stages = 2;
+void set_pre_stages() {
+  static std::atomic<int> known[64];
+  per_device(known, [](int) {
+    if (const char* e = std::getenv("FERRY_CUDA_PRE_STAGES")) {
+      const uint32_t v = static_cast<uint32_t>(std::strtoul(e, nullptr, 10));
+      FERRY_CUDA_CHECK(cudaMemcpyToSymbol(c_pre_stages, &v, sizeof v));
+    }
+    return 1;
+  });
 }
 
 using detail::bf2f;
@@ -638,7 +658,7 @@ __global__ void __launch_bounds__(FedTile<BM, BN, BK, STAGES, PW>::kThreads)
         // The first stages' weights before the dependency wait (constant:
         // they stream while the previous kernel finishes), then the
         // activations.
-        pre = min(static_cast<uint32_t>(STAGES), k_tiles);
+        pre = min(min(static_cast<uint32_t>(STAGES), c_pre_stages), k_tiles);
         for (uint32_t kt = 0; kt < pre; ++kt) issue_w(smem + kt * T::kStageBytes, kt);
         detail::dependency_wait();
       }
@@ -884,10 +904,12 @@ __global__ void __launch_bounds__(WgTile<WGM, BN, STAGES>::kThreads)
       };
       // The first stages' weights before the dependency wait (they do not
       // depend on the previous kernel), then their activations.
-      const uint32_t pre = min(static_cast<uint32_t>(STAGES), k_tiles);
+      const uint32_t ring = min(static_cast<uint32_t>(STAGES), k_tiles),
+                     pre = min(ring, c_pre_stages);
       for (uint32_t kt = 0; kt < pre; ++kt) issue_w(kt);
       detail::dependency_wait();
-      for (uint32_t kt = 0; kt < pre; ++kt) issue_x(kt);
+      for (uint32_t kt = pre; kt < ring; ++kt) issue_w(kt);
+      for (uint32_t kt = 0; kt < ring; ++kt) issue_x(kt);
       for (uint32_t kt = STAGES; kt < k_tiles; ++kt) {
         detail::mbar_wait(empty + 8 * (kt % STAGES), (kt / STAGES - 1) & 1);
         issue_w(kt);
@@ -1026,6 +1048,7 @@ struct FedVariant : SwigluLaunch<FedVariant<BM, BN, BK, STAGES, PW, kSwiglu>, BM
     auto* kernel = matmul_fed_kernel<BM, BN, BK, STAGES, PW, kF16, kFused, kRope>;
     detail::raise_smem_limit<matmul_fed_kernel<BM, BN, BK, STAGES, PW, kF16, kFused, kRope>>(
         T::kSmemBytes);
+    set_pre_stages();
     const Grid grid = cut(ws, a.n_rows, bm, BN);
     // Persistent: as many CTAs as fit on the device at once, each taking
     // tiles i, i + grid, ... with its stage ring running on between them.
@@ -1108,6 +1131,7 @@ struct WgVariant {
                  uint16_t* y_bf16) {
     auto* kernel = matmul_wg_kernel<WGM, BN, STAGES, kSwiglu>;
     detail::raise_smem_limit<matmul_wg_kernel<WGM, BN, STAGES, kSwiglu>>(T::kSmemBytes);
+    set_pre_stages();
     detail::launch(kSwiglu ? "matmul_wg_swiglu_kernel" : "matmul_wg_kernel", kernel, grid.ctas,
                    T::kThreads, T::kSmemBytes, a.stream, maps(a, ws.n, w_rows), ws,
                    static_cast<uint32_t>(a.n_in), static_cast<uint32_t>(a.n_rows), grid.row_tiles,

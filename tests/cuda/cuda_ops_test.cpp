@@ -589,11 +589,14 @@ struct JobSpec {
 // Runs jobs on the GPU; returns out [n_jobs, n_heads, D]. Even jobs also
 // ask for the output's bf16 copy, checked against f32_to_bf16 of out.
 // k and v: other device planes of the fixture's cache (its own when null).
+// settled: the jobs call some of their keys settled (AttentionJob::settled,
+// from none to all of them) and the call says its list is
+// (AttentionFormats::jobs_settled), so kernels stage them before their wait.
 std::vector<float> gpu_attention(const AttnFixture& f, const std::vector<JobSpec>& specs,
                                  const std::vector<float>& q,
                                  cuda::AttentionVariant variant = cuda::AttentionVariant::Auto,
                                  const kernels::KvSide* k = nullptr,
-                                 const kernels::KvSide* v = nullptr) {
+                                 const kernels::KvSide* v = nullptr, bool settled = false) {
   const size_t per = f.c.n_heads * f.c.D;
   DeviceBuffer<float> d_q(q), d_out(specs.size() * per);
   DeviceBuffer<uint16_t> d_b(specs.size() * per);
@@ -608,6 +611,10 @@ std::vector<float> gpu_attention(const AttnFixture& f, const std::vector<JobSpec
     jobs[i].v = v ? *v : f.V.side(true);
     jobs[i].seg[0] = specs[i].seg[0];
     jobs[i].seg[1] = specs[i].seg[1];
+    const size_t n = (specs[i].seg[0].end - specs[i].seg[0].begin) +
+                     (specs[i].seg[1].end - specs[i].seg[1].begin);
+    const size_t back[] = {1, 0, 33, n, 7};
+    if (settled) jobs[i].settled = static_cast<uint32_t>(n - std::min(n, back[i % 5]));
   }
   DeviceBuffer<cuda::AttentionJob> d_jobs(jobs.size());
   CK(cudaMemcpy(d_jobs.get(), jobs.data(), jobs.size() * sizeof(cuda::AttentionJob),
@@ -615,7 +622,9 @@ std::vector<float> gpu_attention(const AttnFixture& f, const std::vector<JobSpec
   // Workspace for the split variant, whatever the batch (Auto picks it for
   // fewer than kFewJobs jobs).
   DeviceBuffer<float> ws(specs.size() * cuda::attention_workspace_floats(1, f.shape()));
-  cuda::attention_variant(d_jobs.get(), jobs.size(), f.shape(), {f.c.kf, f.c.vf}, variant, ws.get(),
+  cuda::AttentionFormats formats{f.c.kf, f.c.vf};
+  formats.jobs_settled = settled;
+  cuda::attention_variant(d_jobs.get(), jobs.size(), f.shape(), formats, variant, ws.get(),
                           nullptr);
   const auto out = d_out.download();
   const auto bf = d_b.download();
@@ -772,6 +781,10 @@ TEST(CudaOps, AttentionVariantsAreBitIdentical) {
       const auto d = gpu_attention(f, specs, q, cuda::AttentionVariant::Split);
       const auto e = gpu_attention(f, specs, q, cuda::AttentionVariant::Shared);
       ASSERT_EQ(first_bit_diff(a, e.data(), a.size()), -1) << "shared, batch=" << batch;
+      for (auto variant : {cuda::AttentionVariant::Split, cuda::AttentionVariant::Auto}) {
+        const auto g = gpu_attention(f, specs, q, variant, nullptr, nullptr, true);
+        ASSERT_EQ(first_bit_diff(a, g.data(), a.size()), -1) << "settled keys, batch=" << batch;
+      }
       ASSERT_EQ(first_bit_diff(a, b.data(), a.size()), -1)
           << "D=" << ac.D << " heads=" << ac.n_heads << "/" << ac.n_kv_heads << " batch=" << batch;
       ASSERT_EQ(first_bit_diff(a, c.data(), a.size()), -1) << "batch=" << batch;
