@@ -452,6 +452,11 @@ __device__ __forceinline__ void tile_staged(const float* q_s, const SideView& K,
   __syncwarp();  // every lane is done with the image before the next tile overwrites it
 }
 
+// What a kernel may do before its dependency wait: nothing; read its job
+// and stage settled keys (AttentionFormats::jobs_settled); also fold the
+// settled keys with the query (and query_settled).
+constexpr int kEarlyNone = 0, kEarlyStage = 1, kEarlyCompute = 2;
+
 // Copies *src into dst (shared memory) by the whole block, through L2,
 // before the dependency wait of a call whose jobs are settled
 // (AttentionFormats::jobs_settled); the block meets a barrier after.
@@ -724,14 +729,14 @@ __global__ void __launch_bounds__(kSplitHeads * 32, kAffine ? 2 : 4)
 // states' loads issued kMergeAhead ahead.
 constexpr int kMergeAhead = 16;
 __global__ void __launch_bounds__(256)
-    attention_merge_kernel(const AttentionJob* jobs, uint32_t D, const float* ws, bool early) {
+    attention_merge_kernel(const AttentionJob* jobs, uint32_t D, const float* ws, int early) {
   __shared__ float a_s[kVirtual], b_s[kVirtual], m_s[kVirtual];
   __shared__ __align__(16) unsigned char job_raw[sizeof(AttentionJob)];
-  if (early) early_job(job_raw, jobs + blockIdx.x);
+  if (early != kEarlyNone) early_job(job_raw, jobs + blockIdx.x);
   detail::dependency_wait();
   const uint32_t d = threadIdx.x;
   const AttentionJob& job =
-      early ? *reinterpret_cast<const AttentionJob*>(job_raw) : jobs[blockIdx.x];
+      early != kEarlyNone ? *reinterpret_cast<const AttentionJob*>(job_raw) : jobs[blockIdx.x];
   Keys keys;
   keys.init(job);
   const uint32_t h = blockIdx.y;
@@ -1138,7 +1143,8 @@ __device__ __forceinline__ void tc_query(uint4* qf, bool write, const AttentionJ
   for (int p = 0; p < D / 32; ++p)
 #pragma unroll
     for (int i = 0; i < 8; i += 4) {
-      const float4 v = valid ? *reinterpret_cast<const float4*>(q + 32 * p + 8 * c + i)
+      // (Through L2: the split kernel may read it before its wait.)
+      const float4 v = valid ? __ldcg(reinterpret_cast<const float4*>(q + 32 * p + 8 * c + i))
                              : make_float4(0.f, 0.f, 0.f, 0.f);
       x[8 * p + i] = v.x;
       x[8 * p + i + 1] = v.y;
@@ -1729,7 +1735,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, 3)
 template <int D, int F>
 __global__ void __launch_bounds__(kSplitHeads / kTcHeads * 32)
     attention_tc_split_kernel(const AttentionJob* jobs, uint32_t group_heads, float scale,
-                              float* ws, bool early) {
+                              float* ws, int early) {
   extern __shared__ __align__(16) float smem[];
   __shared__ __align__(16) unsigned char job_raw[sizeof(AttentionJob)];
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
@@ -1745,34 +1751,42 @@ __global__ void __launch_bounds__(kSplitHeads / kTcHeads * 32)
       static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + blockDim.x / 32 * D * 32;
   const int tid = static_cast<int>(threadIdx.x), n_threads = static_cast<int>(blockDim.x);
   // With settled jobs (early), the job and a first tile of settled keys
-  // are read while the kernel before still runs.
+  // are read while the kernel before still runs; with a settled query too
+  // (kEarlyCompute), every tile of settled keys is folded then, in the
+  // order the loop after the wait would fold it.
   JobView jv;
-  bool staged = false;
-  if (early) {
-    early_job(job_raw, jobs + blockIdx.x);
-    jv.init(*reinterpret_cast<const AttentionJob*>(job_raw), kvh);
-    staged = settled_tile(jv, *reinterpret_cast<const AttentionJob*>(job_raw), size_t{32} * w);
-    if (staged) tc_stage<D, F>(img, tc_ptr(img), jv, size_t{32} * w, tid, n_threads);
-  }
-  detail::dependency_wait();
-  const AttentionJob& job =
-      early ? *reinterpret_cast<const AttentionJob*>(job_raw) : jobs[blockIdx.x];
-  if (!early) jv.init(job, kvh);
-  if (32 * size_t{w} >= jv.keys.n) return;  // no tiles: not folded (uniform over the block)
   TcQuery<D> tq;
   TcState<D, F> st;
   st.init();
-  for (size_t t0 = size_t{32} * w; t0 < jv.keys.n; t0 += size_t{32} * kVirtual) {
-    // The query's loads go out with the first tile's copies.
+  const AttentionJob& job =
+      early != kEarlyNone ? *reinterpret_cast<const AttentionJob*>(job_raw) : jobs[blockIdx.x];
+  size_t t0 = size_t{32} * w;
+  // Tile t0 with its copies issued (staged) or not; the query's loads go
+  // out with the first tile's copies.
+  auto fold = [&](bool staged) {
     auto query = [&] {
       if (t0 == size_t{32} * w && gh > 0) tc_query<D, F>(qf, true, job, h0, gh, lane, tq);
     };
-    const int nt = staged && t0 == size_t{32} * w
-                       ? tc_staged<true>(jv, t0, query)
-                       : tc_load<D, F, true>(img, jv, t0, tid, n_threads, query);
+    const int nt = staged ? tc_staged<true>(jv, t0, query)
+                          : tc_load<D, F, true>(img, jv, t0, tid, n_threads, query);
     if (gh > 0) tc_tile<D, F>(img, qf, tq, nt, scale, lane, st);
     __syncthreads();  // the image is read before the next tile's copies
+  };
+  bool staged = false;
+  if (early != kEarlyNone) {
+    early_job(job_raw, jobs + blockIdx.x);
+    jv.init(job, kvh);
+    if (early == kEarlyCompute) {
+      for (; settled_tile(jv, job, t0); t0 += size_t{32} * kVirtual) fold(false);
+    } else {
+      staged = settled_tile(jv, job, t0);
+      if (staged) tc_stage<D, F>(img, tc_ptr(img), jv, t0, tid, n_threads);
+    }
   }
+  detail::dependency_wait();
+  if (early == kEarlyNone) jv.init(job, kvh);
+  if (32 * size_t{w} >= jv.keys.n) return;  // no tiles: not folded (uniform over the block)
+  for (; t0 < jv.keys.n; t0 += size_t{32} * kVirtual, staged = false) fold(staged);
   if (gh == 0) return;
   TcOut<D> out;
   tc_finish<D, F>(st, out);
@@ -1789,7 +1803,7 @@ __global__ void __launch_bounds__(kSplitHeads / kTcHeads * 32)
 
 template <int D, int F>
 void launch_tc(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& s,
-               uint32_t group_heads, AttentionVariant variant, float* ws, bool early,
+               uint32_t group_heads, AttentionVariant variant, float* ws, int early,
                cudaStream_t stream) {
   const unsigned kvh = static_cast<unsigned>(s.n_kv_heads);
   const unsigned chunks = static_cast<unsigned>((group_heads + kTcHeads - 1) / kTcHeads);
@@ -1872,7 +1886,7 @@ int tc_family(const AttentionFormats& f, size_t D) {
 template <int D>
 void launch_tc_fam(int fam, const AttentionJob* jobs, size_t n_jobs,
                    const kernels::AttentionShape& s, uint32_t group_heads, AttentionVariant variant,
-                   float* ws, bool early, cudaStream_t stream) {
+                   float* ws, int early, cudaStream_t stream) {
   auto go = [&](auto f) {
     launch_tc<D, decltype(f)::value>(jobs, n_jobs, s, group_heads, variant, ws, early, stream);
   };
@@ -1907,7 +1921,7 @@ void launch_split(const AttentionJob* jobs, size_t n_jobs, const kernels::Attent
   const dim3 mgrid(static_cast<unsigned>(n_jobs), static_cast<unsigned>(s.n_heads));
   detail::launch("attention_merge_kernel", attention_merge_kernel, mgrid,
                  std::max<uint32_t>(kVirtual, (D + 31) / 32 * 32), 0, stream, jobs, D,
-                 static_cast<const float*>(ws), false);
+                 static_cast<const float*>(ws), kEarlyNone);
 }
 
 template <int kG, int kE, bool kAffine>
@@ -2018,11 +2032,14 @@ void attention_variant(const AttentionJob* jobs, size_t n_jobs,
   FERRY_CHECK((group_heads + kSplitHeads - 1) / kSplitHeads * size_t{kVirtual} <= 65535,
               "attention", "too many heads per group: ", group_heads);
   if (fam != kTcNone) {
+    const int early = !formats.jobs_settled    ? kEarlyNone
+                      : formats.query_settled ? kEarlyCompute
+                                              : kEarlyStage;
     if (D == 64)
-      return launch_tc_fam<64>(fam, jobs, n_jobs, shape, group_heads, variant, workspace,
-                               formats.jobs_settled, stream);
-    return launch_tc_fam<128>(fam, jobs, n_jobs, shape, group_heads, variant, workspace,
-                              formats.jobs_settled, stream);
+      return launch_tc_fam<64>(fam, jobs, n_jobs, shape, group_heads, variant, workspace, early,
+                               stream);
+    return launch_tc_fam<128>(fam, jobs, n_jobs, shape, group_heads, variant, workspace, early,
+                              stream);
   }
   const bool affine = formats.k.kind == Kind::Affine || formats.v.kind == Kind::Affine;
   if (affine) return launch_d<true>(jobs, n_jobs, shape, group_heads, variant, workspace, stream);

@@ -345,9 +345,11 @@ class CudaBackend final : public model::Backend {
   explicit CudaBackend(const CudaOptions& opts) : opts_(opts) {
     const char* fuse = std::getenv("FERRY_CUDA_FUSE_QKV");  // "0": Q/K/V, rope, KV write apart
     fuse_qkv_ = !(fuse && std::strcmp(fuse, "0") == 0);
-    // "0": attention reads nothing before its dependency wait.
+    // "0": attention reads nothing before its dependency wait; "stage": it
+    // stages settled keys there but folds none (AttentionFormats).
     const char* early = std::getenv("FERRY_CUDA_ATTN_EARLY");
     early_attention_ = !(early && std::strcmp(early, "0") == 0);
+    early_compute_ = !(early && std::strcmp(early, "stage") == 0);
     int n = 0;
     const cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0)
@@ -622,6 +624,7 @@ class CudaBackend final : public model::Backend {
   void flush_rope() {
     if (!pending_rope_.x) return;
     const PendingRope p = std::exchange(pending_rope_, PendingRope{});
+    ++launch_seq_;
     cuda::rope(p.x, p.rows, p.heads, p.head_dim, p.pos, p.inv_freq, stream_);
   }
 
@@ -665,6 +668,7 @@ class CudaBackend final : public model::Backend {
   void flush_qkv() {
     if (!qkv_.active()) return;
     const PendingQkv p = std::exchange(qkv_, PendingQkv{});
+    ++launch_seq_;
     cuda::matmul_tc_many(p.w, false, p.n_in, p.n_out, p.xb, p.n_rows, p.y, stream_);
     if (p.ropes == 2)
       cuda::rope2(p.y[0], p.n_out[0] / p.head_dim, p.y[1], p.n_out[1] / p.head_dim, p.n_rows,
@@ -697,6 +701,7 @@ class CudaBackend final : public model::Backend {
     if (ep.writes == nullptr) {
       mark("kv_write");
       cuda::kv_store(writes, p.n_rows, kv.spec().n_kv_heads, kv.spec().head_dim, k, v, stream_);
+      store_seq_ = launch_seq_;
     }
     return true;
   }
@@ -775,6 +780,7 @@ class CudaBackend final : public model::Backend {
     if (places.size() == qkv_.n_rows && launch_qkv(kv, layer, k, v, d)) return;
     mark("kv_write");
     cuda::kv_store(d, places.size(), kv.spec().n_kv_heads, kv.spec().head_dim, k, v, stream_);
+    store_seq_ = launch_seq_;
   }
 
   void attention(const kv::BatchKv& kv, size_t layer, std::span<const model::TokenPlace> places,
@@ -828,6 +834,12 @@ class CudaBackend final : public model::Backend {
     const size_t ws = cuda::attention_workspace_floats(places.size(), shape);
     float* w = ws ? static_cast<float*>(attn_ws_.get(ws * sizeof(float), stream_)) : nullptr;
     if (replaying()) return;
+    // Whether the last launch was kv_store (which writes neither q nor the
+    // settled keys): then q's writer had finished before this call's
+    // kernels can start (kv_store lets them start after its own wait).
+    flush_qkv();
+    flush_rope();
+    const bool after_store = store_seq_ == launch_seq_;
     mark("attention");
     if (ob) bf16_copy_ = {out, places.size() * q_dim, ob};
     // (Every job of a layer has the layer's formats.)
@@ -845,6 +857,7 @@ class CudaBackend final : public model::Backend {
     formats.prompt_chunks =
         runs * 4 >= places.size() * 3 && depth >= kSharedAttentionDepth * places.size();
     formats.jobs_settled = settled && early_attention_;
+    formats.query_settled = after_store && early_compute_;
     cuda::attention(d, places.size(), shape, formats, w, stream_);
   }
 
@@ -1128,6 +1141,7 @@ class CudaBackend final : public model::Backend {
   void profile_mark(const char* op) {
     flush_qkv();
     flush_rope();
+    ++launch_seq_;
     if (profile_ && mode_ == Mode::Direct) profile_->mark(op);
   }
 
@@ -1201,6 +1215,12 @@ class CudaBackend final : public model::Backend {
   // (768 keys a job on average), which this bound lets share.
   static constexpr size_t kSharedAttentionDepth = 512;
   bool early_attention_ = true;
+  // FERRY_CUDA_ATTN_EARLY=stage: settled keys staged but not folded before
+  // the wait even after kv_store.
+  bool early_compute_ = true;
+  // Ops launched (each mark, each held launch flushed), and the count when
+  // the last kv_store was launched: equal while it is the last launch.
+  uint64_t launch_seq_ = 0, store_seq_ = ~uint64_t{0};
 
   CudaOptions opts_;
   std::string name_;

@@ -224,6 +224,11 @@ struct AttentionFormats {
   // while that operation still runs (before their dependency wait). Same
   // bits either way.
   bool jobs_settled = false;
+  // With jobs_settled: the queries were also written before that operation
+  // (it is one that writes neither them nor the settled keys: the affine
+  // cache's kv_store), so the kernels may fold the settled keys into their
+  // states before the wait too. Same bits either way.
+  bool query_settled = false;
 };
 size_t attention_workspace_floats(size_t n_jobs, const kernels::AttentionShape& shape);
 void attention(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& shape,

@@ -591,12 +591,14 @@ struct JobSpec {
 // k and v: other device planes of the fixture's cache (its own when null).
 // settled: the jobs call some of their keys settled (AttentionJob::settled,
 // from none to all of them) and the call says its list is
-// (AttentionFormats::jobs_settled), so kernels stage them before their wait.
+// (AttentionFormats::jobs_settled), so kernels stage them before their wait;
+// query_settled: and fold them there (AttentionFormats::query_settled).
 std::vector<float> gpu_attention(const AttnFixture& f, const std::vector<JobSpec>& specs,
                                  const std::vector<float>& q,
                                  cuda::AttentionVariant variant = cuda::AttentionVariant::Auto,
                                  const kernels::KvSide* k = nullptr,
-                                 const kernels::KvSide* v = nullptr, bool settled = false) {
+                                 const kernels::KvSide* v = nullptr, bool settled = false,
+                                 bool query_settled = false) {
   const size_t per = f.c.n_heads * f.c.D;
   DeviceBuffer<float> d_q(q), d_out(specs.size() * per);
   DeviceBuffer<uint16_t> d_b(specs.size() * per);
@@ -624,6 +626,7 @@ std::vector<float> gpu_attention(const AttnFixture& f, const std::vector<JobSpec
   DeviceBuffer<float> ws(specs.size() * cuda::attention_workspace_floats(1, f.shape()));
   cuda::AttentionFormats formats{f.c.kf, f.c.vf};
   formats.jobs_settled = settled;
+  formats.query_settled = query_settled;
   cuda::attention_variant(d_jobs.get(), jobs.size(), f.shape(), formats, variant, ws.get(),
                           nullptr);
   const auto out = d_out.download();
@@ -781,10 +784,12 @@ TEST(CudaOps, AttentionVariantsAreBitIdentical) {
       const auto d = gpu_attention(f, specs, q, cuda::AttentionVariant::Split);
       const auto e = gpu_attention(f, specs, q, cuda::AttentionVariant::Shared);
       ASSERT_EQ(first_bit_diff(a, e.data(), a.size()), -1) << "shared, batch=" << batch;
-      for (auto variant : {cuda::AttentionVariant::Split, cuda::AttentionVariant::Auto}) {
-        const auto g = gpu_attention(f, specs, q, variant, nullptr, nullptr, true);
-        ASSERT_EQ(first_bit_diff(a, g.data(), a.size()), -1) << "settled keys, batch=" << batch;
-      }
+      for (auto variant : {cuda::AttentionVariant::Split, cuda::AttentionVariant::Auto})
+        for (bool fold : {false, true}) {
+          const auto g = gpu_attention(f, specs, q, variant, nullptr, nullptr, true, fold);
+          ASSERT_EQ(first_bit_diff(a, g.data(), a.size()), -1)
+              << "settled keys, folded early: " << fold << ", batch=" << batch;
+        }
       ASSERT_EQ(first_bit_diff(a, b.data(), a.size()), -1)
           << "D=" << ac.D << " heads=" << ac.n_heads << "/" << ac.n_kv_heads << " batch=" << batch;
       ASSERT_EQ(first_bit_diff(a, c.data(), a.size()), -1) << "batch=" << batch;
