@@ -1427,25 +1427,10 @@ __device__ __forceinline__ uint32_t tc_dim(int i, int c) {
   }
 }
 
-// Stages the tile of keys from t0 and waits until it is ready for tc_tile
-// (threads tid .. of n_threads; kBlock: the whole block stages, else one
-// warp); `meanwhile` runs while the copies are in flight.
-template <int D, int F, bool kBlock, class Meanwhile>
-__device__ __forceinline__ int tc_load(uint32_t img, const JobView& jv, size_t t0, int tid,
-                                       int n_threads, Meanwhile&& meanwhile) {
-  const int nt = static_cast<int>(min(size_t{32}, jv.keys.n - t0));
-  tc_stage<D, F>(img, tc_ptr(img), jv, t0, tid, n_threads);
-  meanwhile();
-  cp_async_wait_all();
-  if constexpr (kBlock)
-    __syncthreads();
-  else
-    __syncwarp();
-  return nt;
-}
-
-// A tile whose copies were issued before the dependency wait: `meanwhile`
-// runs, then the copies are waited for as tc_load does.
+// Waits for a tile whose copies are issued (by tc_stage, here or before
+// the dependency wait) until it is ready for tc_tile (kBlock: the whole
+// block staged it, else one warp); `meanwhile` runs while the copies are
+// in flight. Returns the tile's key count.
 template <bool kBlock, class Meanwhile>
 __device__ __forceinline__ int tc_staged(const JobView& jv, size_t t0, Meanwhile&& meanwhile) {
   meanwhile();
@@ -1455,6 +1440,15 @@ __device__ __forceinline__ int tc_staged(const JobView& jv, size_t t0, Meanwhile
   else
     __syncwarp();
   return static_cast<int>(min(size_t{32}, jv.keys.n - t0));
+}
+
+// Stages the tile of keys from t0 (threads tid .. of n_threads) and waits
+// for it as tc_staged does.
+template <int D, int F, bool kBlock, class Meanwhile>
+__device__ __forceinline__ int tc_load(uint32_t img, const JobView& jv, size_t t0, int tid,
+                                       int n_threads, Meanwhile&& meanwhile) {
+  tc_stage<D, F>(img, tc_ptr(img), jv, t0, tid, n_threads);
+  return tc_staged<kBlock>(jv, t0, meanwhile);
 }
 
 // Whether the tile of keys from t0 exists and holds only keys the job
