@@ -3,10 +3,16 @@
 // each KV format, context length and number of jobs (decode: one query per
 // cache row), every kernel variant; and cuda::kv_store of one step's tokens.
 //
-// Each figure is the median over CUDA-event timings of back-to-back launches
-// (bench/gpu_bench_util.h); launches rotate through enough copies of the
-// cache (>= 256 MB) that L2 cannot hold them, as a model's other layers
-// would evict it. GB/s counts the K/V bytes the jobs read, once.
+// Each figure ("us") is the median over CUDA-event timings of back-to-back
+// launches (bench/gpu_bench_util.h); launches rotate through enough copies
+// of the cache (>= 256 MB) that L2 cannot hold them, as a model's other
+// layers would evict it. GB/s counts the K/V bytes the jobs read, once.
+// "alone us": one call on an idle stream, launch latency included. Few
+// jobs leave most of the GPU idle while a few warps run long chains, and
+// back-to-back launches then overlap one another and hide that latency,
+// which a decode step's chain of kernels pays: one job of 140 keys ran in
+// 8.4 us back to back for q4g64, 20 under Nsight Compute and 16-19 a
+// layer in a step (docs/BENCHMARKS.md, session 28).
 //   gpu_attention_bench [KV JOBS CTX]   (one case only, e.g. for a profiler:
 //                                        q4g64 1 4096; and the KV write of
 //                                        JOBS tokens)
@@ -26,6 +32,7 @@
 
 using namespace ferry;
 using ferry::bench::random_bf16;
+using ferry::bench::time_alone;
 using ferry::bench::time_launches;
 using kernels::KvFormat;
 
@@ -143,13 +150,12 @@ int main(int argc, char** argv) {
                     cudaMemcpyHostToDevice));
     }
     for (auto v : variants) {
-      const double t = time_launches(
-          [&](size_t i) {
-            cuda::attention_variant(d_jobs[i % copies], jobs, shape, {f, f}, v, ws, nullptr);
-          },
-          9);
-      std::printf("%-6s %5zu %6zu %-6s %9.1f %7.0f\n", f.name().c_str(), jobs,
-                  prompt ? prompt : ctx, variant_name(v), t * 1e6, read / t / 1e9);
+      auto call = [&](size_t i) {
+        cuda::attention_variant(d_jobs[i % copies], jobs, shape, {f, f}, v, ws, nullptr);
+      };
+      const double t = time_launches(call, 9), alone = time_alone(call, 15);
+      std::printf("%-6s %5zu %6zu %-6s %9.1f %7.0f %9.1f\n", f.name().c_str(), jobs,
+                  prompt ? prompt : ctx, variant_name(v), t * 1e6, read / t / 1e9, alone * 1e6);
     }
     std::fflush(stdout);
     for (size_t c = 0; c < copies; ++c) {
@@ -189,7 +195,8 @@ int main(int argc, char** argv) {
     CK(cudaFree(d));
   };
   using V = cuda::AttentionVariant;
-  std::printf("\n%-6s %5s %6s %-6s %9s %7s\n", "kv", "jobs", "ctx", "kernel", "us", "GB/s");
+  std::printf("\n%-6s %5s %6s %-6s %9s %7s %9s\n", "kv", "jobs", "ctx", "kernel", "us", "GB/s",
+              "alone us");
   if (!only_kv.empty()) {  // the case asked for, any context
     for (const KvFormat& f : formats)
       if (f.name() == only_kv) {

@@ -69,4 +69,33 @@ inline double time_launches(const std::function<void(size_t)>& fn, int samples) 
   return t[t.size() / 2];
 }
 
+// Median seconds of one call of fn(i) on an idle stream, from the event
+// before its launch to the event after it (the launch's latency included):
+// what a chain of dependent kernels pays for it, which back-to-back
+// launches (time_launches) hide when one launch's tail overlaps the next
+// one's start.
+inline double time_alone(const std::function<void(size_t)>& fn, int samples) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  size_t i = 0;
+  for (int w = 0; w < 3; ++w) fn(i++);
+  CK(cudaDeviceSynchronize());
+  std::vector<double> t;
+  for (int s = 0; s < samples; ++s) {
+    CK(cudaEventRecord(a));
+    fn(i++);
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1e-3);
+  }
+  CK(cudaGetLastError());
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
 }  // namespace ferry::bench
