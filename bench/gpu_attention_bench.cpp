@@ -7,12 +7,13 @@
 // launches (bench/gpu_bench_util.h); launches rotate through enough copies
 // of the cache (>= 256 MB) that L2 cannot hold them, as a model's other
 // layers would evict it. GB/s counts the K/V bytes the jobs read, once.
-// "alone us": one call on an idle stream, launch latency included. Few
-// jobs leave most of the GPU idle while a few warps run long chains, and
-// back-to-back launches then overlap one another and hide that latency,
-// which a decode step's chain of kernels pays: one job of 140 keys ran in
-// 8.4 us back to back for q4g64, 20 under Nsight Compute and 16-19 a
-// layer in a step (docs/BENCHMARKS.md, session 28).
+// "alone us": one call on an idle device, its kernels timed from a held
+// stream (the host's launch calls not counted). With few jobs most of the
+// GPU idles while a few warps run long chains; back-to-back launches then
+// overlap one another and hide that latency, which a decode step's chain
+// of kernels pays: one q4g64 job of 140 keys took 8.4 us back to back, 20
+// under Nsight Compute and 16-19 a layer in a step (docs/BENCHMARKS.md,
+// session 28).
 //   gpu_attention_bench [KV JOBS CTX]   (one case only, e.g. for a profiler:
 //                                        q4g64 1 4096; and the KV write of
 //                                        JOBS tokens)

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <random>
@@ -69,11 +70,12 @@ inline double time_launches(const std::function<void(size_t)>& fn, int samples) 
   return t[t.size() / 2];
 }
 
-// Median seconds of one call of fn(i) on an idle stream, from the event
-// before its launch to the event after it (the launch's latency included):
-// what a chain of dependent kernels pays for it, which back-to-back
-// launches (time_launches) hide when one launch's tail overlaps the next
-// one's start.
+// Median seconds of one call of fn(i) on an idle device, from the event
+// before its kernels to the event after them: what a chain of dependent
+// kernels pays for it, which back-to-back launches (time_launches) hide
+// when one launch's tail overlaps the next one's start. The stream is held
+// by a host function until the call is enqueued, so the host's launch
+// calls are not counted (a graph-replayed step does not pay them either).
 inline double time_alone(const std::function<void(size_t)>& fn, int samples) {
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
@@ -83,9 +85,18 @@ inline double time_alone(const std::function<void(size_t)>& fn, int samples) {
   CK(cudaDeviceSynchronize());
   std::vector<double> t;
   for (int s = 0; s < samples; ++s) {
+    std::atomic<bool> go{false};
+    CK(cudaLaunchHostFunc(
+        nullptr,
+        [](void* flag) {
+          while (!static_cast<std::atomic<bool>*>(flag)->load()) {
+          }
+        },
+        &go));
     CK(cudaEventRecord(a));
     fn(i++);
     CK(cudaEventRecord(b));
+    go = true;
     CK(cudaEventSynchronize(b));
     float ms = 0;
     CK(cudaEventElapsedTime(&ms, a, b));

@@ -167,6 +167,16 @@ void raise_smem_limit(size_t bytes) {
 // own predecessors the same way), and then lets the next kernel start its
 // blocks. Without the feature (older GPUs, FERRY_CUDA_PDL=0) the wait is a
 // no-op and launches are plain stream-ordered launches.
+//
+// One exception, attention (AttentionFormats): a kernel may read before its
+// wait what was written by kernels that had finished before the one just
+// ahead of it passed its own wait, since it cannot start before that: a job
+// list expanded at an earlier layer, keys written by earlier steps, and,
+// when the kernel just ahead is kv_store (which lets the next kernel start
+// only after its wait, and never returns before it), the query its
+// predecessor wrote, read through L2 (__ldcg). The backend tracks which
+// launch came last (CudaBackend::launch_seq_): every launch of a step goes
+// through its mark() or a flush of a held op.
 __device__ __forceinline__ void dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

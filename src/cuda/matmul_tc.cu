@@ -94,7 +94,10 @@ T per_device(std::atomic<T> (&known)[64], Compute compute) {
 // slow that kernel's tail more than they gain (one lease: single-stream
 // decode 227 tok/s with 2, 224 with the whole ring, 225 with none; another:
 // 231 against 228, and 4k-context bf16 KV 218 against 214;
-// docs/BENCHMARKS.md, sessions 27-28).
+// docs/BENCHMARKS.md, sessions 27-28). The fed and wgmma products read it;
+// the S tiles issue STAGES - 1 as before. Set once per device by the first
+// such launch (a synchronous copy: the backend's first step runs directly,
+// never inside a graph capture).
 __constant__ uint32_t c_pre_stages = 2;
 void set_pre_stages() {
   static std::atomic<int> known[64];

@@ -14,15 +14,18 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_ops.h"
 #include "kv/kv_buffer.h"
 #include "model/schedule_harness.h"
+#include "model/wide_head_model.h"
 
 namespace ferry::model {
 namespace {
@@ -390,6 +393,38 @@ TEST(GpuLaunches, QkvEpilogueChangesNoBit) {
       EXPECT_EQ(first_different_step(apart, fused, offsets), -1)
           << f.name() << (graphs ? " with graphs" : " kernel by kernel");
     }
+}
+
+// Attention reads its job, stages its settled keys and, after kv_store,
+// folds them before its dependency wait (AttentionFormats): the same bits
+// as reading nothing early (FERRY_CUDA_ATTN_EARLY=0) and as staging only,
+// for dense and affine caches, head_dim 64 and 128, kernel by kernel and
+// replayed from graphs. This runs the backend's choice (which list is
+// settled, which launch came last) and the settled counts end to end.
+TEST(GpuLaunches, EarlyAttentionChangesNoBit) {
+  for (const auto& [heads, kv_heads, hd] :
+       {std::tuple<uint32_t, uint32_t, uint32_t>{4, 2, 64}, {2, 1, 128}}) {
+    const std::string path = test::wide_head_model(heads, kv_heads, hd);
+    for (bool graphs : {false, true})
+      for (const kernels::KvFormat& f : {kernels::KvFormat::bf16(), kernels::KvFormat::affine(4, 64),
+                                         kernels::KvFormat::affine(8, 32)}) {
+        const std::string what = f.name() + " head_dim " + std::to_string(hd) +
+                                 (graphs ? " with graphs" : " kernel by kernel");
+        std::vector<size_t> offsets;
+        ASSERT_EQ(setenv("FERRY_CUDA_ATTN_EARLY", "0", 1), 0);
+        const std::vector<float> none =
+            greedy_steps(*gpu_model(path, true, graphs), 40, &offsets, f);
+        ASSERT_EQ(setenv("FERRY_CUDA_ATTN_EARLY", "stage", 1), 0);
+        const std::vector<float> staged =
+            greedy_steps(*gpu_model(path, true, graphs), 40, nullptr, f);
+        ASSERT_EQ(unsetenv("FERRY_CUDA_ATTN_EARLY"), 0);
+        const std::vector<float> folded =
+            greedy_steps(*gpu_model(path, true, graphs), 40, nullptr, f);
+        EXPECT_EQ(first_different_step(none, staged, offsets), -1) << "staged, " << what;
+        EXPECT_EQ(first_different_step(none, folded, offsets), -1) << "folded, " << what;
+      }
+    std::filesystem::remove(path);
+  }
 }
 
 // Dependent launches (a kernel's blocks starting while the kernel before it

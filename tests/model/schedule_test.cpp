@@ -1,7 +1,10 @@
 // The promise that matters most (issue 3, item 12), on the CPU: every
 // row's logits at every step are bit-identical to its solo run
 // (schedule_harness.h). tests/cuda runs the same harness on the GPU.
+#include <filesystem>
+
 #include "model/schedule_harness.h"
+#include "model/wide_head_model.h"
 
 namespace ferry::model {
 namespace {
@@ -41,6 +44,24 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, TinyScheduleTest,
                                            std::tuple("tiny-llama-q4_k", "q8g32"),
                                            std::tuple("tiny-llama-q4_k", "q4g32"),
                                            std::tuple("tiny-llama-q4_k", "q4g64")));
+
+// Head dimensions of 64 and 128 with bf16 weights (the synthetic model of
+// wide_head_model.h), dense and affine caches.
+class WideHeadScheduleTest : public ::testing::TestWithParam<std::tuple<uint32_t, const char*>> {};
+
+TEST_P(WideHeadScheduleTest, RowsMatchSoloBitForBit) {
+  auto [hd, fmt] = GetParam();
+  const std::string path = test::wide_head_model(hd == 64 ? 4 : 2, hd == 64 ? 2 : 1, hd);
+  auto m = load_model(path);
+  const KvFormat f = kernels::parse_kv_format(fmt);
+  const bool sanitized = std::getenv("FERRY_SANITIZED") != nullptr;
+  run_schedule(*m, f, f, sanitized ? 4 : 12, 7);
+  std::filesystem::remove(path);
+}
+
+INSTANTIATE_TEST_SUITE_P(WideHeads, WideHeadScheduleTest,
+                         ::testing::Values(std::tuple(64u, "q4g64"), std::tuple(128u, "q4g64"),
+                                           std::tuple(128u, "q8g32"), std::tuple(128u, "bf16")));
 
 INSTANTIATE_TEST_SUITE_P(KvFormats, ScheduleTest,
                          ::testing::Values("f32", "f16", "q8g64", "q4g64", "q4g32", "q8k_q4v"));
