@@ -40,34 +40,47 @@ inline uint16_t* random_bf16(size_t n) {
   return p;
 }
 
-// Median seconds per launch of fn(i) (i = launch counter, for rotation).
-inline double time_launches(const std::function<void(size_t)>& fn, int samples) {
+// The median over `samples` of sample(a, b), which records the two events
+// around what it times and returns elapsed(a, b) (or a share of it).
+template <class Sample>
+double median_sample(int samples, Sample&& sample) {
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
-  size_t i = 0;
-  for (int w = 0; w < 3; ++w) fn(i++);
-  CK(cudaEventRecord(a));
-  fn(i++);
-  CK(cudaEventRecord(b));
-  CK(cudaEventSynchronize(b));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, a, b));
-  const int reps = std::clamp(static_cast<int>(2.0 / std::max(ms, 1e-3f)), 1, 50);
   std::vector<double> t;
-  for (int s = 0; s < samples; ++s) {
-    CK(cudaEventRecord(a));
-    for (int r = 0; r < reps; ++r) fn(i++);
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1e-3 / reps);
-  }
+  for (int s = 0; s < samples; ++s) t.push_back(sample(a, b));
   CK(cudaGetLastError());
   CK(cudaEventDestroy(a));
   CK(cudaEventDestroy(b));
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+// Seconds from event a to event b, once b has happened.
+inline double elapsed(cudaEvent_t a, cudaEvent_t b) {
+  CK(cudaEventSynchronize(b));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  return ms * 1e-3;
+}
+
+// Median seconds per launch of fn(i) (i = launch counter, for rotation),
+// launched back to back (about 2 ms of them per sample).
+inline double time_launches(const std::function<void(size_t)>& fn, int samples) {
+  size_t i = 0;
+  for (int w = 0; w < 3; ++w) fn(i++);
+  const double once = median_sample(1, [&](cudaEvent_t a, cudaEvent_t b) {
+    CK(cudaEventRecord(a));
+    fn(i++);
+    CK(cudaEventRecord(b));
+    return elapsed(a, b);
+  });
+  const int reps = std::clamp(static_cast<int>(2e-3 / std::max(once, 1e-6)), 1, 50);
+  return median_sample(samples, [&](cudaEvent_t a, cudaEvent_t b) {
+    CK(cudaEventRecord(a));
+    for (int r = 0; r < reps; ++r) fn(i++);
+    CK(cudaEventRecord(b));
+    return elapsed(a, b) / reps;
+  });
 }
 
 // Median seconds of one call of fn(i) on an idle device, from the event
@@ -77,14 +90,10 @@ inline double time_launches(const std::function<void(size_t)>& fn, int samples) 
 // by a host function until the call is enqueued, so the host's launch
 // calls are not counted (a graph-replayed step does not pay them either).
 inline double time_alone(const std::function<void(size_t)>& fn, int samples) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
   size_t i = 0;
   for (int w = 0; w < 3; ++w) fn(i++);
   CK(cudaDeviceSynchronize());
-  std::vector<double> t;
-  for (int s = 0; s < samples; ++s) {
+  return median_sample(samples, [&](cudaEvent_t a, cudaEvent_t b) {
     std::atomic<bool> go{false};
     CK(cudaLaunchHostFunc(
         nullptr,
@@ -97,16 +106,8 @@ inline double time_alone(const std::function<void(size_t)>& fn, int samples) {
     fn(i++);
     CK(cudaEventRecord(b));
     go = true;
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1e-3);
-  }
-  CK(cudaGetLastError());
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+    return elapsed(a, b);
+  });
 }
 
 }  // namespace ferry::bench

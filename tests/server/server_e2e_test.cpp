@@ -9,6 +9,7 @@
 #include <barrier>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -174,7 +175,9 @@ Seen whole(int port, const std::string& path, const json& body) {
 
 // Streams one request; stop_after > 0 closes the connection after that
 // many content events.
-Seen streamed(int port, const std::string& path, json body, int stop_after = 0) {
+// on_event: called at each SSE event, as it arrives.
+Seen streamed(int port, const std::string& path, json body, int stop_after = 0,
+              const std::function<void()>& on_event = {}) {
   body["stream"] = true;
   body["stream_options"] = {{"include_usage", true}};
   const bool chat = path == "/v1/chat/completions";
@@ -187,6 +190,7 @@ Seen streamed(int port, const std::string& path, json body, int stop_after = 0) 
   int content_events = 0;
   c.read_body(head, [&](const std::string& bytes) {
     sse.feed(bytes, [&](const std::string& data) {
+      if (on_event) on_event();
       if (data == "[DONE]") {
         s.done = true;
         return;
@@ -524,17 +528,22 @@ TEST(ServerShutdown, SigtermDrainsStreamsAndExitsZero) {
 }
 
 // Past the grace period, streams in flight are ended with an error event
-// and [DONE], and the server still exits 0.
+// and [DONE], and the server still exits 0. The signal goes once the
+// stream has started; one row at a time, its 128 x 250 tokens take about
+// a second on a 2-core machine (0.3 s with the batch: a fixed delay raced
+// the stream's end), against the 0.2 s grace.
 TEST(ServerShutdown, PastTheGraceStreamsEndWithAnErrorEvent) {
   signal(SIGPIPE, SIG_IGN);
-  ServerProcess server({"--shutdown-grace", "0.2"});
+  ServerProcess server({"--shutdown-grace", "0.2", "--max-batch", "1"});
   ASSERT_GT(server.port(), 0) << server.log();
   json b = {{"prompt", "x"}, {"n", 128}, {"max_tokens", 250}, {"ignore_eos", true}};
+  std::atomic<bool> started{false};
   std::thread killer([&] {
-    std::this_thread::sleep_for(300ms);
+    while (!started.load()) std::this_thread::sleep_for(1ms);
     kill(server.pid(), SIGTERM);
   });
-  Seen s = streamed(server.port(), "/v1/completions", b);
+  Seen s = streamed(server.port(), "/v1/completions", b, 0, [&] { started = true; });
+  started = true;  // (the killer ends even if no event came)
   killer.join();
   EXPECT_EQ(s.status, 200);
   EXPECT_TRUE(s.done);
