@@ -798,6 +798,95 @@ TEST(CudaOps, AttentionVariantsAreBitIdentical) {
   }
 }
 
+// The chain of a decode step, enqueued back to back on one stream so that
+// attention's blocks start while the kernels before it still run: the
+// Q/K/V product (100 MB of weights, tens of microseconds) writes q and,
+// in its epilogue, the new token's K and V into their cache slot (a dense
+// cache), or kv_store writes them after it (an affine one). Attention then
+// calls every key but the new one settled, so it stages them (and, after
+// kv_store, folds them with q) before its dependency wait. Its output must
+// be the bits of the same attention run once the chain has finished: a
+// read of the new token's tile, or of q, before the wait would see the
+// slot's old bytes or q's. Repeated, since a race need not show at once.
+// Needs the fused Q/K/V tile (Hopper).
+TEST(CudaOps, EarlyAttentionWaitsForTheStepsWrites) {
+  REQUIRE_GPU();
+  constexpr size_t D = 128, H = 32, KVH = 8, n_in = 8192, C = 320, n = 200;
+  if (!cuda::matmul_tc_qkv_rope_applies(n_in, (H + 2 * KVH) * D, 1))
+    GTEST_SKIP() << "no fused Q/K/V tile on this GPU";
+  const size_t n_out[3] = {H * D, KVH * D, KVH * D};
+  // Weights: a random block of bf16 repeated (only their time matters).
+  const std::vector<float> block = random_floats(1 << 20, 31, 0.02f);
+  std::vector<std::unique_ptr<DeviceBuffer<uint16_t>>> w;
+  for (size_t i = 0; i < 3; ++i) {
+    std::vector<uint16_t> h(n_in * n_out[i]);
+    for (size_t e = 0; e < h.size(); ++e) h[e] = f32_to_bf16(block[e % block.size()]);
+    w.push_back(std::make_unique<DeviceBuffer<uint16_t>>(h));
+  }
+  const uint16_t* const wp[3] = {w[0]->get(), w[1]->get(), w[2]->get()};
+  std::vector<uint16_t> xh(n_in);
+  const auto xf = random_floats(n_in, 32);
+  for (size_t e = 0; e < n_in; ++e) xh[e] = f32_to_bf16(xf[e]);
+  DeviceBuffer<uint16_t> x(xh);
+  DeviceBuffer<int32_t> pos(std::vector<int32_t>{static_cast<int32_t>(n - 1)});
+  std::vector<float> inv(D / 2);
+  for (size_t i = 0; i < D / 2; ++i)
+    inv[i] = std::pow(10000.0f, -2.0f * static_cast<float>(i) / static_cast<float>(D));
+  DeviceBuffer<float> inv_freq(inv), yq(n_out[0]), yk(n_out[1]), yv(n_out[2]), out(H * D);
+  float* const y[3] = {yq.get(), yk.get(), yv.get()};
+  cudaStream_t stream = nullptr;
+  CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (const KvFormat& f : {KvFormat::bf16(), KvFormat::affine(4, 64)}) {
+    const bool dense = f.kind != KvFormat::Kind::Affine;
+    AttnFixture fx({D, H, KVH, f, f}, C, 5);
+    cuda::KvWrite wr;
+    wr.k = fx.K.side(true);
+    wr.v = fx.V.side(true);
+    wr.slot = static_cast<uint32_t>(n - 1);
+    wr.token = 0;
+    DeviceBuffer<cuda::KvWrite> d_wr(std::vector<cuda::KvWrite>{wr});
+    cuda::AttentionJob job;
+    job.q = yq.get();
+    job.out = out.get();
+    job.k = wr.k;
+    job.v = wr.v;
+    job.seg[0] = {0, n};
+    job.settled = static_cast<uint32_t>(n - 1);
+    DeviceBuffer<cuda::AttentionJob> d_job(std::vector<cuda::AttentionJob>{job});
+    DeviceBuffer<float> ws(cuda::attention_workspace_floats(1, fx.shape()));
+    cuda::QkvEpilogue ep;
+    ep.pos = pos.get();
+    ep.inv_freq = inv_freq.get();
+    ep.head_dim = D;
+    if (dense) {
+      ep.kv = f.kind;
+      ep.writes = d_wr.get();
+    }
+    auto run = [&](bool early) {
+      fx.K.upload();  // the new token's slot holds its old bytes again
+      fx.V.upload();
+      out.poison();
+      CK(cudaDeviceSynchronize());
+      cuda::matmul_tc_qkv_rope(wp, n_in, n_out, x.get(), 1, y, ep, stream);
+      if (!dense) cuda::kv_store(d_wr.get(), 1, KVH, D, yk.get(), yv.get(), stream);
+      if (!early) CK(cudaStreamSynchronize(stream));
+      cuda::AttentionFormats formats{f, f};
+      formats.jobs_settled = early;
+      formats.query_settled = early && !dense;
+      cuda::attention_variant(d_job.get(), 1, fx.shape(), formats, cuda::AttentionVariant::Split,
+                              ws.get(), stream);
+      CK(cudaStreamSynchronize(stream));
+      return out.download();
+    };
+    const std::vector<float> want = run(false);
+    for (int r = 0; r < 20; ++r) {
+      const std::vector<float> got = run(true);
+      ASSERT_EQ(first_bit_diff(want, got.data(), want.size()), -1) << f.name() << ", run " << r;
+    }
+  }
+  CK(cudaStreamDestroy(stream));
+}
+
 // The tensor-core tiles split q (and p) exactly into three 16-bit parts;
 // f16 K scales each head's q by a power of two into f16's range first.
 // Queries of very large and very small magnitude (and one head of zeros)
