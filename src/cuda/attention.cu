@@ -1780,7 +1780,10 @@ __global__ void __launch_bounds__(kSplitHeads / kTcHeads * 32)
   detail::dependency_wait();
   if (early == kEarlyNone) jv.init(job, kvh);
   if (32 * size_t{w} >= jv.keys.n) return;  // no tiles: not folded (uniform over the block)
-  for (; t0 < jv.keys.n; t0 += size_t{32} * kVirtual, staged = false) fold(staged);
+  for (; t0 < jv.keys.n; t0 += size_t{32} * kVirtual) {
+    fold(staged);
+    staged = false;  // (only the first tile may have been staged before the wait)
+  }
   if (gh == 0) return;
   TcOut<D> out;
   tc_finish<D, F>(st, out);
@@ -2026,7 +2029,7 @@ void attention_variant(const AttentionJob* jobs, size_t n_jobs,
   FERRY_CHECK((group_heads + kSplitHeads - 1) / kSplitHeads * size_t{kVirtual} <= 65535,
               "attention", "too many heads per group: ", group_heads);
   if (fam != kTcNone) {
-    const int early = !formats.jobs_settled    ? kEarlyNone
+    const int early = !formats.jobs_settled   ? kEarlyNone
                       : formats.query_settled ? kEarlyCompute
                                               : kEarlyStage;
     if (D == 64)

@@ -348,8 +348,10 @@ class CudaBackend final : public model::Backend {
     // "0": attention reads nothing before its dependency wait; "stage": it
     // stages settled keys there but folds none (AttentionFormats).
     const char* early = std::getenv("FERRY_CUDA_ATTN_EARLY");
-    early_attention_ = !(early && std::strcmp(early, "0") == 0);
-    early_compute_ = !(early && std::strcmp(early, "stage") == 0);
+    early_ = !early                             ? Early::Fold
+             : std::strcmp(early, "0") == 0     ? Early::Off
+             : std::strcmp(early, "stage") == 0 ? Early::Stage
+                                                : Early::Fold;
     int n = 0;
     const cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0)
@@ -805,8 +807,8 @@ class CudaBackend final : public model::Backend {
         // The query's column and the row's i tokens before it in this step
         // are written by the step; the keys before them were written by
         // earlier steps.
-        const size_t n = (task.seg[0].end - task.seg[0].begin) +
-                         (task.seg[1].end - task.seg[1].begin);
+        const size_t n =
+            (task.seg[0].end - task.seg[0].begin) + (task.seg[1].end - task.seg[1].begin);
         j.settled = static_cast<uint32_t>(n > places[t].i + 1 ? n - places[t].i - 1 : 0);
       }
       return upload(std::span<const AttentionJob>(jobs_));
@@ -856,8 +858,8 @@ class CudaBackend final : public model::Backend {
       depth += (j.seg[0].end - j.seg[0].begin) + (j.seg[1].end - j.seg[1].begin);
     formats.prompt_chunks =
         runs * 4 >= places.size() * 3 && depth >= kSharedAttentionDepth * places.size();
-    formats.jobs_settled = settled && early_attention_;
-    formats.query_settled = after_store && early_compute_;
+    formats.jobs_settled = settled && early_ != Early::Off;
+    formats.query_settled = after_store && early_ == Early::Fold;
     cuda::attention(d, places.size(), shape, formats, w, stream_);
   }
 
@@ -1214,10 +1216,10 @@ class CudaBackend final : public model::Backend {
   // bits either way): with chunks of 512 that is a prompt's second chunk
   // (768 keys a job on average), which this bound lets share.
   static constexpr size_t kSharedAttentionDepth = 512;
-  bool early_attention_ = true;
-  // FERRY_CUDA_ATTN_EARLY=stage: settled keys staged but not folded before
-  // the wait even after kv_store.
-  bool early_compute_ = true;
+  // What attention may do before its dependency wait (FERRY_CUDA_ATTN_EARLY:
+  // "0" nothing, "stage" stage settled keys, else also fold them after
+  // kv_store; AttentionFormats).
+  enum class Early { Off, Stage, Fold } early_ = Early::Fold;
   // Ops launched (each mark, each held launch flushed), and the count when
   // the last kv_store was launched: equal while it is the last launch.
   uint64_t launch_seq_ = 0, store_seq_ = ~uint64_t{0};

@@ -406,8 +406,9 @@ TEST(GpuLaunches, EarlyAttentionChangesNoBit) {
        {std::tuple<uint32_t, uint32_t, uint32_t>{4, 2, 64}, {2, 1, 128}}) {
     const std::string path = test::wide_head_model(heads, kv_heads, hd);
     for (bool graphs : {false, true})
-      for (const kernels::KvFormat& f : {kernels::KvFormat::bf16(), kernels::KvFormat::affine(4, 64),
-                                         kernels::KvFormat::affine(8, 32)}) {
+      for (const kernels::KvFormat& f :
+           {kernels::KvFormat::bf16(), kernels::KvFormat::affine(4, 64),
+            kernels::KvFormat::affine(8, 32)}) {
         const std::string what = f.name() + " head_dim " + std::to_string(hd) +
                                  (graphs ? " with graphs" : " kernel by kernel");
         std::vector<size_t> offsets;

@@ -29,10 +29,10 @@ inline std::string wide_head_model(uint32_t heads, uint32_t kv_heads, uint32_t h
   const uint32_t H = heads * hd, F = 2 * H, layers = 2;
   const uint64_t V = static_cast<uint64_t>(src->get_string_array("tokenizer.ggml.tokens").size());
   const std::map<std::string, uint32_t, std::less<>> dims = {
-      {"llama.embedding_length", H},       {"llama.feed_forward_length", F},
+      {"llama.embedding_length", H},         {"llama.feed_forward_length", F},
       {"llama.attention.head_count", heads}, {"llama.attention.head_count_kv", kv_heads},
-      {"llama.attention.key_length", hd},  {"llama.attention.value_length", hd},
-      {"llama.rope.dimension_count", hd},  {"llama.block_count", layers}};
+      {"llama.attention.key_length", hd},    {"llama.attention.value_length", hd},
+      {"llama.rope.dimension_count", hd},    {"llama.block_count", layers}};
   GgufWriter w;
   for (const auto& [key, value] : src->metadata()) {
     const auto d = dims.find(key);
