@@ -1755,35 +1755,42 @@ __global__ void __launch_bounds__(kSplitHeads / kTcHeads * 32)
   const AttentionJob& job =
       early != kEarlyNone ? *reinterpret_cast<const AttentionJob*>(job_raw) : jobs[blockIdx.x];
   size_t t0 = size_t{32} * w;
-  // Tile t0 with its copies issued (staged) or not; the query's loads go
-  // out with the first tile's copies.
-  auto fold = [&](bool staged) {
-    auto query = [&] {
-      if (t0 == size_t{32} * w && gh > 0) tc_query<D, F>(qf, true, job, h0, gh, lane, tq);
-    };
-    const int nt = staged ? tc_staged<true>(jv, t0, query)
-                          : tc_load<D, F, true>(img, jv, t0, tid, n_threads, query);
-    if (gh > 0) tc_tile<D, F>(img, qf, tq, nt, scale, lane, st);
-    __syncthreads();  // the image is read before the next tile's copies
-  };
-  bool staged = false;
-  if (early != kEarlyNone) {
+  bool staged = false, waited = early == kEarlyNone;
+  if (early == kEarlyNone) {
+    detail::dependency_wait();
+    jv.init(job, kvh);
+  } else {
     early_job(job_raw, jobs + blockIdx.x);
     jv.init(job, kvh);
-    if (early == kEarlyCompute) {
-      for (; settled_tile(jv, job, t0); t0 += size_t{32} * kVirtual) fold(false);
-    } else {
-      staged = settled_tile(jv, job, t0);
-      if (staged) tc_stage<D, F>(img, tc_ptr(img), jv, t0, tid, n_threads);
+    if (early == kEarlyStage && settled_tile(jv, job, t0)) {
+      tc_stage<D, F>(img, tc_ptr(img), jv, t0, tid, n_threads);
+      staged = true;
     }
   }
-  detail::dependency_wait();
-  if (early == kEarlyNone) jv.init(job, kvh);
-  if (32 * size_t{w} >= jv.keys.n) return;  // no tiles: not folded (uniform over the block)
-  for (; t0 < jv.keys.n; t0 += size_t{32} * kVirtual) {
-    fold(staged);
+  // One loop, so that the tile's code exists once: a lone warp runs it
+  // once a tile from an instruction cache the kernels before have filled
+  // with their own code, and at short contexts the fetches of its several
+  // thousand instructions, not its arithmetic, set its time (Nsight
+  // Compute: most stall samples "no instruction"; two inlined copies of
+  // the tile, before and after the wait, made it worse; docs/BENCHMARKS.md,
+  // session 30). The dependency wait comes at the first tile that may not
+  // be folded before it.
+  for (;;) {
+    if (!waited && !(early == kEarlyCompute && settled_tile(jv, job, t0))) {
+      detail::dependency_wait();
+      waited = true;
+    }
+    if (t0 >= jv.keys.n) break;
+    if (!staged) tc_stage<D, F>(img, tc_ptr(img), jv, t0, tid, n_threads);
+    const int nt = tc_staged<true>(jv, t0, [&] {
+      if (t0 == size_t{32} * w && gh > 0) tc_query<D, F>(qf, true, job, h0, gh, lane, tq);
+    });
+    if (gh > 0) tc_tile<D, F>(img, qf, tq, nt, scale, lane, st);
+    __syncthreads();  // the image is read before the next tile's copies
     staged = false;  // (only the first tile may have been staged before the wait)
+    t0 += size_t{32} * kVirtual;
   }
+  if (32 * size_t{w} >= jv.keys.n) return;  // no tiles: not folded (uniform over the block)
   if (gh == 0) return;
   TcOut<D> out;
   tc_finish<D, F>(st, out);
