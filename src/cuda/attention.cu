@@ -31,8 +31,9 @@
 //   queries share K/V through L1). Steps of many jobs (prefill).
 // - attention_split_kernel + attention_merge_kernel: one single-warp block
 //   per (job, query head, virtual warp) writing its state to a workspace,
-//   then one block per (job, query head) folding them (a thread per output
-//   dimension, loads issued ahead of the fold chain). Steps of few jobs
+//   then one block per (job, query head, 32 output dimensions) folding
+//   them (the states copied to shared memory at once, a thread per
+//   dimension running the fold chain). Steps of few jobs
 //   (single-stream decode), where the others leave most SMs idle and long
 //   contexts latency-bound: one warp per tile up to 4k keys.
 //
@@ -658,10 +659,13 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 }
 
 // Workspace layout of the split variant: per (job, query head, virtual
-// warp) one state [m, l, acc[D]].
+// warp) one state [m, l, (unused), (unused), acc[D]] of D + kStateHead
+// floats, so every state and its acc start 16-byte aligned (D % 16 == 0)
+// for the merge's copies.
+constexpr uint32_t kStateHead = 4;
 __device__ __forceinline__ float* split_state(float* ws, size_t job, uint32_t head,
                                               uint32_t n_heads, uint32_t w, uint32_t D) {
-  return ws + ((job * n_heads + head) * kVirtual + w) * (D + 2);
+  return ws + ((job * n_heads + head) * kVirtual + w) * (D + kStateHead);
 }
 
 // One virtual warp of a (job, kv head)'s query heads: block (job, kv head,
@@ -717,84 +721,93 @@ __global__ void __launch_bounds__(kSplitHeads * 32, kAffine ? 2 : 4)
   }
   const uint32_t d0 = lane * kE;
   if (d0 < D)
-    for (int e = 0; e < kE; ++e) o[2 + d0 + e] = st.acc[0][e];
+    for (int e = 0; e < kE; ++e) o[kStateHead + d0 + e] = st.acc[0][e];
 }
 
-// Folds a (job, query head)'s virtual warps in order: block (job, head),
-// a thread per output dimension. The fold of state w into the running one
-// uses the running max M(w-1) = max(m_0 .. m_(w-1)) (fold_weights: a_w =
-// exp(M(w-1) - M(w)), b_w = exp(m_w - M(w))); the maxima are exact in any
-// order, so thread w computes a_w and b_w for all dimensions at once, and
-// each thread's chain over w is only acc = acc * a_w + st_w * b_w, with the
-// states' loads issued kMergeAhead ahead.
-constexpr int kMergeAhead = 16;
-__global__ void __launch_bounds__(256)
+// Folds a (job, query head)'s virtual warps in order: block (job, head,
+// chunk of kMergeDims output dimensions). The fold of state w into the
+// running one uses the running max M(w-1) = max(m_0 .. m_(w-1))
+// (fold_weights: a_w = exp(M(w-1) - M(w)), b_w = exp(m_w - M(w))); the
+// maxima are exact in any order, so thread w computes a_w and b_w for all
+// dimensions at once, and each dimension's chain over w is only acc = acc *
+// a_w + st_w * b_w. Thread w first copies state w's m, l and the chunk's
+// dimensions into shared memory, so the states cost one round trip to L2
+// (where the split kernel just wrote them) instead of one per batch of
+// loads ahead of the chain: at 4k keys (128 states) that chain of rounds
+// took about as long as the split kernel (Nsight Compute, docs/BENCHMARKS.md).
+constexpr uint32_t kMergeDims = 32;
+__global__ void __launch_bounds__(kVirtual)
     attention_merge_kernel(const AttentionJob* jobs, uint32_t D, const float* ws, int early) {
-  __shared__ float a_s[kVirtual], b_s[kVirtual], m_s[kVirtual];
+  __shared__ __align__(16) float st_s[kVirtual][kMergeDims];
+  __shared__ __align__(16) float ml_s[kVirtual][kStateHead];
+  __shared__ float a_s[kVirtual], b_s[kVirtual], m_s[kVirtual], warp_max_s[kVirtual / 32];
   __shared__ __align__(16) unsigned char job_raw[sizeof(AttentionJob)];
   if (early != kEarlyNone) early_job(job_raw, jobs + blockIdx.x);
   detail::dependency_wait();
-  const uint32_t d = threadIdx.x;
+  const uint32_t t = threadIdx.x, d0 = blockIdx.z * kMergeDims;
   const AttentionJob& job =
       early != kEarlyNone ? *reinterpret_cast<const AttentionJob*>(job_raw) : jobs[blockIdx.x];
   Keys keys;
   keys.init(job);
   const uint32_t h = blockIdx.y;
-  const bool v_lane = d < D;
   const uint32_t n_virtual =
       static_cast<uint32_t>(min(n_tiles(keys), static_cast<size_t>(kVirtual)));
-  const float* base = split_state(const_cast<float*>(ws), blockIdx.x, h, gridDim.y, 0, D);
-  const size_t pitch = D + 2;
   if (n_virtual == 0) {  // a job without keys writes zeros
-    if (v_lane) store_out(job, size_t{h} * D + d, 0.0f);
+    if (t < kMergeDims && d0 + t < D) store_out(job, size_t{h} * D + d0 + t, 0.0f);
     return;
   }
-  // M(w) by a max-scan over the block's first kVirtual threads (blockDim >=
-  // kVirtual), then thread w's weights.
-  __shared__ float warp_max_s[kVirtual / 32];
-  const uint32_t lane = d % 32, warp = d / 32;
-  const float m_w = d < n_virtual ? base[d * pitch] : -INFINITY;
+  if (t < n_virtual) {
+    const float* st = split_state(const_cast<float*>(ws), blockIdx.x, h, gridDim.y, t, D);
+    cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(ml_s[t])), st, true);
+#pragma unroll
+    for (uint32_t i = 0; i < kMergeDims; i += 4)  // D % 16 == 0: whole units or none
+      cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(st_s[t] + i)),
+                 st + kStateHead + d0 + i, d0 + i < D);
+  }
+  cp_async_wait_all();
+  __syncthreads();
+  // M(w) by a max-scan over the block's kVirtual threads, then thread w's
+  // weights.
+  const uint32_t lane = t % 32, warp = t / 32;
+  const float m_w = t < n_virtual ? ml_s[t][0] : -INFINITY;
   float mv = m_w;
 #pragma unroll
   for (uint32_t off = 1; off < 32; off *= 2) {
     const float o = __shfl_up_sync(0xffffffffu, mv, off);
     if (lane >= off) mv = fmaxf(mv, o);
   }
-  if (lane == 31 && warp < kVirtual / 32) warp_max_s[warp] = mv;
+  if (lane == 31) warp_max_s[warp] = mv;
   __syncthreads();
-  if (d < kVirtual) {
-    for (uint32_t k = 0; k < warp; ++k) mv = fmaxf(mv, warp_max_s[k]);
-    m_s[d] = mv;
-  }
+  for (uint32_t k = 0; k < warp; ++k) mv = fmaxf(mv, warp_max_s[k]);
+  m_s[t] = mv;
   __syncthreads();
-  if (d >= 1 && d < n_virtual) {
+  if (t >= 1 && t < n_virtual) {
     float mm, a, b;
-    fold_weights(m_s[d - 1], m_w, mm, a, b);
-    a_s[d] = a;
-    b_s[d] = b;
+    fold_weights(m_s[t - 1], m_w, mm, a, b);
+    a_s[t] = a;
+    b_s[t] = b;
   }
   __syncthreads();
-  float l_run = base[1], acc_run = v_lane ? base[2 + d] : 0.0f;
-  for (uint32_t w0 = 1; w0 < n_virtual; w0 += kMergeAhead) {
-    float l[kMergeAhead], acc[kMergeAhead];
-#pragma unroll
-    for (int i = 0; i < kMergeAhead; ++i) {
-      const float* st = base + (w0 + i) * pitch;
-      const bool in = w0 + i < n_virtual;
-      l[i] = in ? st[1] : 0.0f;
-      acc[i] = in && v_lane ? st[2 + d] : 0.0f;
-    }
-#pragma unroll
-    for (int i = 0; i < kMergeAhead; ++i) {
-      if (w0 + i >= n_virtual) break;
-      const float a = a_s[w0 + i], b = b_s[w0 + i];
-      acc_run = __fadd_rn(__fmul_rn(acc_run, a), __fmul_rn(acc[i], b));
-      l_run = __fadd_rn(__fmul_rn(l_run, a), __fmul_rn(l[i], b));
-    }
+  if (t >= kMergeDims || d0 + t >= D) return;
+  float l_run = ml_s[0][1], acc_run = st_s[0][t];
+#pragma unroll 8
+  for (uint32_t w = 1; w < n_virtual; ++w) {
+    const float a = a_s[w], b = b_s[w];
+    acc_run = __fadd_rn(__fmul_rn(acc_run, a), __fmul_rn(st_s[w][t], b));
+    l_run = __fadd_rn(__fmul_rn(l_run, a), __fmul_rn(ml_s[w][1], b));
   }
-  if (!v_lane) return;
   const float inv = l_run > 0.0f ? __fdiv_rn(1.0f, l_run) : 0.0f;
-  store_out(job, size_t{h} * D + d, __fmul_rn(acc_run, inv));
+  store_out(job, size_t{h} * D + d0 + t, __fmul_rn(acc_run, inv));
+}
+
+// Launches the merge of a split call's states.
+void launch_merge(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionShape& s,
+                  const float* ws, int early, cudaStream_t stream) {
+  const uint32_t D = static_cast<uint32_t>(s.head_dim);
+  const dim3 grid(static_cast<unsigned>(n_jobs), static_cast<unsigned>(s.n_heads),
+                  (D + kMergeDims - 1) / kMergeDims);
+  detail::launch("attention_merge_kernel", attention_merge_kernel, grid, kVirtual, 0, stream,
+                 jobs, D, ws, early);
 }
 
 // ---- tensor-core tiles ------------------------------------------------------------
@@ -1802,7 +1815,7 @@ __global__ void __launch_bounds__(kSplitHeads / kTcHeads * 32)
     o[1] = out.l;
   }
 #pragma unroll
-  for (int i = 0; i < D / 4; ++i) o[2 + tc_dim<F>(i, c)] = out.o[i];
+  for (int i = 0; i < D / 4; ++i) o[kStateHead + tc_dim<F>(i, c)] = out.o[i];
 }
 
 template <int D, int F>
@@ -1821,10 +1834,7 @@ void launch_tc(const AttentionJob* jobs, size_t n_jobs, const kernels::Attention
     raise_smem_limit<attention_tc_split_kernel<D, F>>(smem);
     detail::launch("attention_tc_split_kernel", attention_tc_split_kernel<D, F>, grid, warps * 32,
                    smem, stream, jobs, group_heads, s.scale, ws, early);
-    const dim3 mgrid(static_cast<unsigned>(n_jobs), static_cast<unsigned>(s.n_heads));
-    detail::launch("attention_merge_kernel", attention_merge_kernel, mgrid,
-                   std::max<uint32_t>(kVirtual, (D + 31) / 32 * 32), 0, stream, jobs,
-                   static_cast<uint32_t>(D), static_cast<const float*>(ws), early);
+    launch_merge(jobs, n_jobs, s, ws, early, stream);
     return;
   }
   if constexpr (!tc_aff(F)) {
@@ -1922,10 +1932,7 @@ void launch_split(const AttentionJob* jobs, size_t n_jobs, const kernels::Attent
   raise_smem_limit<attention_split_kernel<kE, kAffine>>(smem);
   detail::launch("attention_split_kernel", attention_split_kernel<kE, kAffine>, grid, warps * 32,
                  smem, stream, jobs, group_heads, D, s.scale, ws);
-  const dim3 mgrid(static_cast<unsigned>(n_jobs), static_cast<unsigned>(s.n_heads));
-  detail::launch("attention_merge_kernel", attention_merge_kernel, mgrid,
-                 std::max<uint32_t>(kVirtual, (D + 31) / 32 * 32), 0, stream, jobs, D,
-                 static_cast<const float*>(ws), kEarlyNone);
+  launch_merge(jobs, n_jobs, s, ws, kEarlyNone, stream);
 }
 
 template <int kG, int kE, bool kAffine>
@@ -2005,7 +2012,7 @@ static bool shared_staging() {
 }
 
 size_t attention_workspace_floats(size_t n_jobs, const kernels::AttentionShape& shape) {
-  return n_jobs < kFewJobs ? n_jobs * shape.n_heads * kVirtual * (shape.head_dim + 2) : 0;
+  return n_jobs < kFewJobs ? n_jobs * shape.n_heads * kVirtual * (shape.head_dim + kStateHead) : 0;
 }
 
 void attention_variant(const AttentionJob* jobs, size_t n_jobs,
