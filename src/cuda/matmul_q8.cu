@@ -52,8 +52,8 @@
 // `stages` deep. Out-of-range rows and columns are zero-filled and never
 // stored.
 #include <algorithm>
-#include <cstdint>
 #include <atomic>
+#include <cstdint>
 #include <span>
 #include <tuple>
 #include <utility>
@@ -308,8 +308,8 @@ __device__ __forceinline__ void stage_q6_k(float (&acc)[Tl::kMT][Tl::kNT][4], co
     float dx[Tl::kNT][2];
 #pragma unroll
     for (int nt = 0; nt < Tl::kNT; ++nt) {
-      b[nt] = *reinterpret_cast<const uint32_t*>(sx + (b_row0 + nt * 8 + g) * kXPitch + 16 * p +
-                                                 4 * c);
+      b[nt] =
+          *reinterpret_cast<const uint32_t*>(sx + (b_row0 + nt * 8 + g) * kXPitch + 16 * p + 4 * c);
 #pragma unroll
       for (int e = 0; e < 2; ++e) dx[nt][e] = sdx[(b_row0 + nt * 8 + 2 * c + e) * 8 + p / 2];
     }
@@ -515,9 +515,9 @@ __device__ __forceinline__ void lane_q6_k(float (&acc)[NR], const uint8_t* w, co
     ld_shared_words(w + 128 + 32 * half, qh);
 #pragma unroll
     for (int k = 0; k < 8; ++k)
-      codes[k] = __vsub4(((ql[k] >> (4 * (m >> 1))) & 0x0f0f0f0fu) |
-                             (((qh[k] >> (2 * m)) & 0x03030303u) << 4),
-                         0x20202020u);
+      codes[k] = __vsub4(
+          ((ql[k] >> (4 * (m >> 1))) & 0x0f0f0f0fu) | (((qh[k] >> (2 * m)) & 0x03030303u) << 4),
+          0x20202020u);
 #pragma unroll
     for (int ih = 0; ih < 2; ++ih) {
       const int p = 2 * u + ih;
@@ -550,10 +550,10 @@ constexpr int v_wbuf_bytes() {  // one (column, chunk) of weight bytes, 16-byte 
 }
 template <DType T, int NR>
 constexpr size_t v_smem_bytes() {
-  return size_t{kVWarps} * 2 * v_wbuf_bytes<T>() +       // weights
-         size_t{NR} * kVChunk * kXPitch +              // codes
-         size_t{NR} * kVChunk * 8 * 4 * 2 +             // dx, dsum
-         size_t{kVWarps} * NR * kVChunk * 4;            // parts
+  return size_t{kVWarps} * 2 * v_wbuf_bytes<T>() +  // weights
+         size_t{NR} * kVChunk * kXPitch +           // codes
+         size_t{NR} * kVChunk * 8 * 4 * 2 +         // dx, dsum
+         size_t{kVWarps} * NR * kVChunk * 4;        // parts
 }
 
 template <DType T, int NR, int CPW>
@@ -586,8 +586,7 @@ __global__ void __launch_bounds__(kVWarps * 32) matvec_q8_kernel(const Params p)
                                                       size_t{ch} * kVChunk * L::kBytes);
       const uintptr_t base = a & ~uintptr_t{15};
       const uint32_t chunks = static_cast<uint32_t>((a - base + n * L::kBytes + 15) / 16);
-      const uint32_t dst =
-          static_cast<uint32_t>(__cvta_generic_to_shared(wbuf + (i % 2) * kWBuf));
+      const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(wbuf + (i % 2) * kWBuf));
       for (uint32_t c = lane; c < chunks; c += 32)
         cp_async16(dst + 16 * c, reinterpret_cast<const void*>(base + 16 * c), true);
     }
@@ -602,7 +601,7 @@ __global__ void __launch_bounds__(kVWarps * 32) matvec_q8_kernel(const Params p)
   for (uint32_t i = 0; i < n_items; ++i) {
     const uint32_t ch = i / CPW, c = i % CPW, j = jw + c;
     const uint32_t n = min(n_sb - ch * kVChunk, static_cast<uint32_t>(kVChunk));
-    if (c == 0) {  // stage the chunk's activations for the whole CTA
+    if (c == 0) {       // stage the chunk's activations for the whole CTA
       __syncthreads();  // every warp is done with the previous chunk's
       for (uint32_t e = threadIdx.x; e < NR * kVChunk * 16; e += kVWarps * 32) {
         const uint32_t r = e / (kVChunk * 16), sbl = (e / 16) % kVChunk, q = e % 16;
@@ -634,8 +633,7 @@ __global__ void __launch_bounds__(kVWarps * 32) matvec_q8_kernel(const Params p)
         const uint8_t* w = wbuf + (i % 2) * kWBuf + (a & 15) + lane * L::kBytes;
         const uint8_t* x = sx + lane * kXPitch;
         if constexpr (T == DType::Q4_K)
-          lane_q4_k<NR, kVChunk * kXPitch, kVChunk * 8>(part, w, x, sdx + lane * 8,
-                                                          sds + lane * 8);
+          lane_q4_k<NR, kVChunk * kXPitch, kVChunk * 8>(part, w, x, sdx + lane * 8, sds + lane * 8);
         else
           lane_q6_k<NR, kVChunk * kXPitch, kVChunk * 8>(part, w, x, sdx + lane * 8);
       }
@@ -684,7 +682,7 @@ struct Variant {
 // bm = columns per CTA, bn = NR rows; wn = 0 marks the kind.
 template <int NR, int CPW>
 struct MatvecVariant {
-  static constexpr tc::TileConfig kConfig = {nullptr, kVWarps * CPW, NR, kVWarps, 0, 256, 2};
+  static constexpr tc::TileConfig kConfig = {nullptr, kVWarps* CPW, NR, kVWarps, 0, 256, 2};
   template <DType T>
   static void run(const Params& p, cudaStream_t stream) {
     launch<matvec_q8_kernel<T, NR, CPW>>(p, kVWarps * CPW, kVWarps * 32, v_smem_bytes<T, NR>(),
@@ -707,8 +705,8 @@ using Variants = std::tuple<MatvecVariant<1, 2>,         // 0 V1c2
                             Variant<64, 16, 4, 1, 4>,    // 8 S64x16
                             Variant<64, 32, 4, 1, 4>,    // 9 S64x32
                             Variant<128, 64, 4, 2, 3>>;  // 10 L128x64, 8 warps of 32x32
-constexpr const char* kNames[] = {"V1c2",  "V2c2",   "V4c2",   "V1c8",   "V2c8",   "V4c8",
-                                  "S16x8", "S64x8",  "S64x16", "S64x32", "L128x64"};
+constexpr const char* kNames[] = {"V1c2",  "V2c2",  "V4c2",   "V1c8",   "V2c8",   "V4c8",
+                                  "S16x8", "S64x8", "S64x16", "S64x32", "L128x64"};
 constexpr size_t kN = std::tuple_size_v<Variants>;
 static_assert(std::size(kNames) == kN);
 
@@ -795,12 +793,13 @@ void matmul_q8_many_with(size_t cfg, std::span<const uint8_t* const> w, DType ty
                          const float* dsum, size_t n_rows, std::span<float* const> y,
                          cudaStream_t stream) {
   FERRY_CHECK(cfg < kN, "matmul_q8", "config ", cfg, " of ", kN);
-  FERRY_CHECK(q8_supported(type), "matmul_q8", "int8 mode does not take ",
-              dtype_traits(type).name, " weights");
+  FERRY_CHECK(q8_supported(type), "matmul_q8", "int8 mode does not take ", dtype_traits(type).name,
+              " weights");
   FERRY_CHECK(!w.empty() && w.size() <= size_t{kMaxWeights} && n_out.size() == w.size() &&
                   y.size() == w.size(),
               "matmul_q8", w.size(), " weights (at most ", kMaxWeights, ")");
-  FERRY_CHECK(n_in % 256 == 0, "matmul_q8", "n_in=", n_in, " is not a whole number of super-blocks");
+  FERRY_CHECK(n_in % 256 == 0, "matmul_q8", "n_in=", n_in,
+              " is not a whole number of super-blocks");
   FERRY_CHECK(reinterpret_cast<uintptr_t>(codes) % 16 == 0 &&
                   reinterpret_cast<uintptr_t>(d) % 16 == 0 &&
                   reinterpret_cast<uintptr_t>(dsum) % 16 == 0,
@@ -815,10 +814,9 @@ void matmul_q8_many_with(size_t cfg, std::span<const uint8_t* const> w, DType ty
   p.n_rows = static_cast<uint32_t>(n_rows);
   p.row_tiles = static_cast<uint32_t>((n_rows + c.bn - 1) / c.bn);
   for (size_t i = 0; i < w.size(); ++i) {
-    FERRY_CHECK(n_in < (size_t{1} << 31) && n_out[i] < (size_t{1} << 31) &&
-                    n_rows < (size_t{1} << 31),
-                "matmul_q8", "shape too large: n_in=", n_in, " n_out=", n_out[i],
-                " n_rows=", n_rows);
+    FERRY_CHECK(
+        n_in < (size_t{1} << 31) && n_out[i] < (size_t{1} << 31) && n_rows < (size_t{1} << 31),
+        "matmul_q8", "shape too large: n_in=", n_in, " n_out=", n_out[i], " n_rows=", n_rows);
     FERRY_CHECK(reinterpret_cast<uintptr_t>(w[i]) % 16 == 0, "matmul_q8",
                 "weights must be 16-byte aligned");
     if (n_out[i] == 0) continue;
@@ -831,8 +829,8 @@ void matmul_q8_many_with(size_t cfg, std::span<const uint8_t* const> w, DType ty
 }
 
 void matmul_q8_with(size_t cfg, const uint8_t* w, DType type, size_t n_in, size_t n_out,
-                    const int8_t* codes, const float* d, const float* dsum, size_t n_rows,
-                    float* y, cudaStream_t stream) {
+                    const int8_t* codes, const float* d, const float* dsum, size_t n_rows, float* y,
+                    cudaStream_t stream) {
   matmul_q8_many_with(cfg, std::span<const uint8_t* const>(&w, 1), type, n_in,
                       std::span<const size_t>(&n_out, 1), codes, d, dsum, n_rows,
                       std::span<float* const>(&y, 1), stream);

@@ -29,11 +29,11 @@ size_t choose_config(size_t n_out, size_t n_rows);
 // matmul_q8 / matmul_q8_many with the variant forced (same preconditions,
 // same results).
 void matmul_q8_with(size_t config, const uint8_t* w, DType type, size_t n_in, size_t n_out,
-                    const int8_t* codes, const float* d, const float* dsum, size_t n_rows,
-                    float* y, cudaStream_t stream);
-void matmul_q8_many_with(size_t config, std::span<const uint8_t* const> w, DType type,
-                         size_t n_in, std::span<const size_t> n_out, const int8_t* codes,
-                         const float* d, const float* dsum, size_t n_rows,
-                         std::span<float* const> y, cudaStream_t stream);
+                    const int8_t* codes, const float* d, const float* dsum, size_t n_rows, float* y,
+                    cudaStream_t stream);
+void matmul_q8_many_with(size_t config, std::span<const uint8_t* const> w, DType type, size_t n_in,
+                         std::span<const size_t> n_out, const int8_t* codes, const float* d,
+                         const float* dsum, size_t n_rows, std::span<float* const> y,
+                         cudaStream_t stream);
 
 }  // namespace ferry::cuda::q8
