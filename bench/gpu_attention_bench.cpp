@@ -17,6 +17,7 @@
 //   gpu_attention_bench [KV JOBS CTX]   (one case only, e.g. for a profiler:
 //                                        q4g64 1 4096; and the KV write of
 //                                        JOBS tokens)
+//   gpu_attention_bench prefill         (the prefill cases only)
 // Built with -DFERRY_CUDA=ON (tests/CMakeLists.txt); needs a GPU.
 #include <cuda_runtime.h>
 
@@ -99,6 +100,7 @@ int main(int argc, char** argv) {
   const std::string only_kv = argc > 3 ? argv[1] : "";
   const size_t only_jobs = argc > 3 ? std::stoul(argv[2]) : 0;
   const size_t only_ctx = argc > 3 ? std::stoul(argv[3]) : 0;
+  const bool only_prefill = argc == 2 && std::string(argv[1]) == "prefill";
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
@@ -210,7 +212,7 @@ int main(int argc, char** argv) {
   for (const KvFormat& f : formats)
     for (size_t jobs : job_counts)
       for (size_t ctx : contexts)
-        if (jobs * ctx <= 64 * 4096)
+        if (!only_prefill && jobs * ctx <= 64 * 4096)
           run_case(f, jobs, ctx, 0, {V::Auto, V::PerBlock, V::PerWarp, V::Split});
   // Prefill steps: 17 and 44 prompts of 128 tokens (the 64- and 256-stream
   // runs' prompt steps); "ctx" is the prompt length, GB/s counts each
@@ -219,9 +221,10 @@ int main(int argc, char** argv) {
   for (const KvFormat& f : {KvFormat::bf16(), KvFormat::affine(4, 64)})
     for (size_t prompts : {17, 44})
       run_case(f, prompts, 128, 128, {V::PerWarp, V::Shared, V::PerBlock});
-  // One prompt of 4,096 tokens in one step, and its last chunk of 512.
+  // One prompt of 4,096 tokens in one step.
   std::printf("\nprefill (one causal prompt of 4,096 tokens)\n");
-  run_case(KvFormat::bf16(), 1, 4096, 4096, {V::PerWarp, V::Shared});
+  for (const KvFormat& f : formats) run_case(f, 1, 4096, 4096, {V::PerWarp, V::Shared});
+  if (only_prefill) return 0;
 
   std::printf("\n%-6s %6s %9s\n", "kv", "tokens", "store us");
   for (const KvFormat& f : formats)

@@ -13,6 +13,7 @@
 // kv_store's bytes, and any row of matmul/attention alone vs in a batch.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -750,7 +751,8 @@ TEST(CudaOps, AttentionVariantsAreBitIdentical) {
         AttnCase{128, 32, 4, KvFormat::bf16(), KvFormat::bf16()},
         AttnCase{64, 8, 8, KvFormat::affine(8, 64), KvFormat::affine(8, 64)},
         AttnCase{128, 16, 8, KvFormat::affine(4, 32), KvFormat::affine(4, 32)},
-        AttnCase{128, 24, 8, KvFormat::affine(8, 32), KvFormat::affine(8, 32)}}) {
+        AttnCase{128, 24, 8, KvFormat::affine(8, 32), KvFormat::affine(8, 32)},
+        AttnCase{128, 32, 8, KvFormat::affine(4, 64), KvFormat::affine(4, 64)}}) {
     constexpr size_t C = 4400;
     AttnFixture f(ac, C, 77);
     std::mt19937 rng(11);
@@ -795,6 +797,50 @@ TEST(CudaOps, AttentionVariantsAreBitIdentical) {
       ASSERT_EQ(first_bit_diff(a, c.data(), a.size()), -1) << "batch=" << batch;
       ASSERT_EQ(first_bit_diff(a, d.data(), a.size()), -1) << "split, batch=" << batch;
     }
+  }
+}
+
+// The shared-staging kernel (dense caches; affine ones run the per-warp
+// kernel) stages a block's tiles for its longest job; a shorter job must
+// not see the keys past its own, even where they hold inf and NaN: two
+// prompt chunks of four queries, the last key of each chunk's longest job
+// poisoned in K and V. The other jobs' outputs must be finite and the
+// per-warp kernel's bits (its own staging leaves zeros past a job's keys).
+TEST(CudaOps, AttentionSharedStagingHidesLongerJobsKeys) {
+  REQUIRE_GPU();
+  for (const KvFormat& kf : {KvFormat::bf16(), KvFormat::f16()}) {
+    AttnFixture f(AttnCase{128, 8, 2, kf, kf}, 200, 23);
+    const std::vector<size_t> poisoned = {35, 162};
+    for (size_t j : poisoned)
+      for (size_t h = 0; h < 2; ++h)
+        for (KvPlanes* kv : {&f.K, &f.V}) {
+          const bool bf = kf.kind == KvFormat::Kind::BF16;
+          for (size_t i = 0; i < 128; ++i) {
+            // inf and NaN in each format.
+            const uint16_t bad = i % 2 ? (bf ? 0x7f80 : 0x7c00) : (bf ? 0x7fc0 : 0x7e00);
+            std::memcpy(kv->at(0, h, j) + 2 * i, &bad, 2);
+          }
+        }
+    f.K.upload();
+    f.V.upload();
+    std::vector<JobSpec> specs;
+    for (uint32_t i = 0; i < 4; ++i) specs.push_back({{{0, 33 + i}, {0, 0}}, i});
+    for (uint32_t i = 0; i < 4; ++i) specs.push_back({{{100, 160 + i}, {0, 0}}, 4 + i});
+    const auto q = queries(f, specs);
+    const auto shared = gpu_attention(f, specs, q, cuda::AttentionVariant::Shared);
+    const auto warp = gpu_attention(f, specs, q, cuda::AttentionVariant::PerWarp);
+    const size_t per = 8 * 128;
+    for (size_t j : {0, 1, 2, 4, 5, 6}) {
+      for (size_t e = 0; e < per; ++e)
+        ASSERT_TRUE(std::isfinite(shared[j * per + e])) << kf.name() << " job " << j;
+      const std::vector<float> want(warp.begin() + j * per, warp.begin() + (j + 1) * per);
+      ASSERT_EQ(first_bit_diff(want, shared.data() + j * per, per), -1)
+          << kf.name() << " job " << j;
+    }
+    for (size_t j : {3, 7})  // the poison is there: the jobs that see it are not finite
+      ASSERT_FALSE(std::all_of(shared.begin() + j * per, shared.begin() + (j + 1) * per,
+                               [](float x) { return std::isfinite(x); }))
+          << kf.name() << " job " << j;
   }
 }
 
