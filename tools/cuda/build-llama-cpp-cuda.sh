@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Builds issue 6's GPU peer: llama.cpp with its CUDA backend, from the same
-# pinned source as the CPU peer (tools/peers/install-llama-cpp.sh unpacks the
-# llama-cpp-python sdist). It compiles wherever nvcc exists; no GPU is needed
-# to build, so the slow compile can run on the dev machine and the static
-# binaries travel to the GPU machine (see tools/cuda/bench.sh, PEER=llama.cpp).
+# pinned source as the CPU peer (`tools/peers/install-llama-cpp.sh
+# --source-only` fetches and unpacks the llama-cpp-python sdist, without
+# building the CPU peer). It compiles wherever nvcc exists; no GPU is needed
+# to build, so the slow compile (about 40 minutes on the 2-core dev machine,
+# session 34) can run there and the binary travels to the GPU machine,
+# xz-compressed (about 41 MB; see tools/cuda/bench.sh, RUNS=llamacpp).
 #   ${FERRY_CACHE:-~/.cache/ferry}/peers/llama.cpp-<pin>/{build-cuda,bin-cuda}
 # Only sm_90a (H200) is built: one architecture keeps the binaries small.
 # Prints the bin directory on stdout; progress goes to stderr.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
-src_bin=$("$here/tools/peers/install-llama-cpp.sh" 2>/dev/null || true)
 PIN=0.3.36
 ROOT="${FERRY_CACHE:-$HOME/.cache/ferry}/peers/llama.cpp-$PIN"
 BIN="$ROOT/bin-cuda"
@@ -17,11 +18,12 @@ ARCH="${FERRY_PEER_CUDA_ARCH:-90a}"
 JOBS="${FERRY_PEER_JOBS:-$(nproc)}"
 TARGETS=(llama-batched-bench llama-bench)
 if [[ -f "$BIN/.done" ]]; then echo "$BIN"; exit 0; fi
+FERRY_CACHE="${FERRY_CACHE:-$HOME/.cache/ferry}" "$here/tools/peers/install-llama-cpp.sh" \
+  --source-only >/dev/null
 [[ -f "$ROOT/src/CMakeLists.txt" ]] || {
-  echo "build-llama-cpp-cuda: no source at $ROOT/src (run tools/peers/install-llama-cpp.sh first)" >&2
+  echo "build-llama-cpp-cuda: no source at $ROOT/src" >&2
   exit 1
 }
-: "${src_bin:=}"
 export PATH="/usr/local/cuda/bin:$PATH"
 echo "peers: building llama.cpp (CUDA, sm_$ARCH) from llama-cpp-python==$PIN (-j$JOBS)" >&2
 cmake -S "$ROOT/src" -B "$ROOT/build-cuda" -G Ninja \

@@ -6,7 +6,16 @@
 # Idempotent: a finished install (bin/.done) is only re-printed.
 # Prints the bin directory on stdout; progress goes to stderr.
 # FERRY_PEER_JOBS sets the build's parallelism (default: nproc).
+#   install-llama-cpp.sh --source-only   only fetches and unpacks the source
+#                                        (for tools/cuda/build-llama-cpp-cuda.sh);
+#                                        prints the source directory
 set -euo pipefail
+source_only=0
+case "${1:-}" in
+  --source-only) source_only=1 ;;
+  "") ;;
+  *) echo "install-llama-cpp.sh: unknown argument '$1' (only --source-only)" >&2; exit 2 ;;
+esac
 PIN=0.3.36   # newest llama-cpp-python on PyPI with an sdist (checked 2025-11)
 ROOT="${FERRY_CACHE:-$HOME/.cache/ferry}/peers/llama.cpp-$PIN"
 BIN="$ROOT/bin"
@@ -16,7 +25,7 @@ JOBS="${FERRY_PEER_JOBS:-$(nproc)}"
 # What a finished install records: a different stamp (an older install,
 # or one built with other flags) is rebuilt.
 STAMP="llama-cpp-python==$PIN, ggml AMX off"
-if [[ -f "$BIN/.done" && "$(cat "$BIN/.done")" == "$STAMP" ]]; then
+if [[ $source_only == 0 && -f "$BIN/.done" && "$(cat "$BIN/.done")" == "$STAMP" ]]; then
   echo "$BIN"
   exit 0
 fi
@@ -33,6 +42,10 @@ if [[ ! -f "$ROOT/src/CMakeLists.txt" ]]; then
   tar -xzf "$tmp/llama_cpp_python-$PIN.tar.gz" -C "$tmp"
   rm -rf "$ROOT/src"
   mv "$tmp/llama_cpp_python-$PIN/vendor/llama.cpp" "$ROOT/src"
+fi
+if [[ $source_only == 1 ]]; then
+  echo "$ROOT/src"
+  exit 0
 fi
 
 # 2. Build. CPU only; no web UI download, no TLS, no tests or examples we
