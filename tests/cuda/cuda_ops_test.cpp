@@ -809,18 +809,15 @@ TEST(CudaOps, AttentionVariantsAreBitIdentical) {
 TEST(CudaOps, AttentionSharedStagingHidesLongerJobsKeys) {
   REQUIRE_GPU();
   for (const KvFormat& kf : {KvFormat::bf16(), KvFormat::f16()}) {
-    AttnFixture f(AttnCase{128, 8, 2, kf, kf}, 200, 23);
-    const std::vector<size_t> poisoned = {35, 162};
-    for (size_t j : poisoned)
-      for (size_t h = 0; h < 2; ++h)
-        for (KvPlanes* kv : {&f.K, &f.V}) {
-          const bool bf = kf.kind == KvFormat::Kind::BF16;
-          for (size_t i = 0; i < 128; ++i) {
-            // inf and NaN in each format.
-            const uint16_t bad = i % 2 ? (bf ? 0x7f80 : 0x7c00) : (bf ? 0x7fc0 : 0x7e00);
-            std::memcpy(kv->at(0, h, j) + 2 * i, &bad, 2);
-          }
-        }
+    const AttnCase ac{128, 8, 2, kf, kf};
+    AttnFixture f(ac, 200, 23);
+    const bool bf = kf.kind == KvFormat::Kind::BF16;
+    const uint16_t inf = bf ? 0x7f80 : 0x7c00, nan = bf ? 0x7fc0 : 0x7e00;
+    for (size_t j : {35, 162})
+      for (size_t h = 0; h < ac.n_kv_heads; ++h)
+        for (KvPlanes* kv : {&f.K, &f.V})
+          for (size_t i = 0; i < ac.D; ++i)
+            std::memcpy(kv->at(0, h, j) + 2 * i, i % 2 ? &inf : &nan, 2);
     f.K.upload();
     f.V.upload();
     std::vector<JobSpec> specs;
@@ -829,7 +826,7 @@ TEST(CudaOps, AttentionSharedStagingHidesLongerJobsKeys) {
     const auto q = queries(f, specs);
     const auto shared = gpu_attention(f, specs, q, cuda::AttentionVariant::Shared);
     const auto warp = gpu_attention(f, specs, q, cuda::AttentionVariant::PerWarp);
-    const size_t per = 8 * 128;
+    const size_t per = ac.n_heads * ac.D;
     for (size_t j : {0, 1, 2, 4, 5, 6}) {
       for (size_t e = 0; e < per; ++e)
         ASSERT_TRUE(std::isfinite(shared[j * per + e])) << kf.name() << " job " << j;

@@ -18,15 +18,10 @@ ARCH="${FERRY_PEER_CUDA_ARCH:-90a}"
 JOBS="${FERRY_PEER_JOBS:-$(nproc)}"
 TARGETS=(llama-batched-bench llama-bench)
 if [[ -f "$BIN/.done" ]]; then echo "$BIN"; exit 0; fi
-FERRY_CACHE="${FERRY_CACHE:-$HOME/.cache/ferry}" "$here/tools/peers/install-llama-cpp.sh" \
-  --source-only >/dev/null
-[[ -f "$ROOT/src/CMakeLists.txt" ]] || {
-  echo "build-llama-cpp-cuda: no source at $ROOT/src" >&2
-  exit 1
-}
+src=$("$here/tools/peers/install-llama-cpp.sh" --source-only)
 export PATH="/usr/local/cuda/bin:$PATH"
 echo "peers: building llama.cpp (CUDA, sm_$ARCH) from llama-cpp-python==$PIN (-j$JOBS)" >&2
-cmake -S "$ROOT/src" -B "$ROOT/build-cuda" -G Ninja \
+cmake -S "$src" -B "$ROOT/build-cuda" -G Ninja \
   -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
   -DGGML_NATIVE=OFF -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
   -DGGML_OPENMP=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON \
