@@ -21,6 +21,11 @@ void DeviceOptions::add_to(CLI::App* cmd) {
   cmd->add_flag("--cuda-graphs,!--no-cuda-graphs", cuda_graphs,
                 "GPU: replay repeated step shapes (decode steps) as CUDA graphs")
       ->capture_default_str();
+  cmd->add_flag("--fp8", fp8,
+                "GPU (compute capability 8.9+, with --no-deterministic): store the layers' "
+                "dense weights as FP8 E4M3 with a scale per output column and run their "
+                "products on FP8 tensor cores (activations quantized per row)")
+      ->capture_default_str();
   cmd->add_option("--matmul", matmul,
                   "Products of quantized weights: int8 (fast; activations quantized to 8 "
                   "bits per block of 32; on the GPU for Q4_K and Q6_K weights) or exact "
@@ -57,6 +62,11 @@ kernels::MatmulMode DeviceOptions::matmul_mode() const {
 }
 
 void DeviceOptions::apply(model::Model& m, bool quiet) const {
+  if (fp8 && device == "cpu")
+    fail("device", "--fp8 needs --device cuda: FP8 weights run on the GPU only");
+  if (fp8 && deterministic)
+    fail("device",
+         "--fp8 needs --no-deterministic: its FP8 products (cuBLASLt) are not batch-invariant");
   if (device == "cpu") return;
   if (device.rfind("cuda", 0) != 0)
     fail("device", "unknown device '", device, "' (expected cpu, cuda or cuda:N)");
@@ -72,11 +82,12 @@ void DeviceOptions::apply(model::Model& m, bool quiet) const {
   o.deterministic = deterministic;
   o.graphs = cuda_graphs;
   o.matmul = matmul_mode();
+  o.fp8 = fp8;
   o.device = index;
   m.set_backend(cuda::make_backend(o));
   if (!quiet)
-    std::fprintf(stderr, "running on %s%s\n", m.device().c_str(),
-                 deterministic ? " (deterministic)" : "");
+    std::fprintf(stderr, "running on %s%s%s\n", m.device().c_str(),
+                 deterministic ? " (deterministic)" : "", fp8 ? " (fp8 weights)" : "");
 #else
   (void)m;
   (void)quiet;

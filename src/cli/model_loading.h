@@ -23,12 +23,14 @@ struct LoadedModel {
 
 // Where and how the model runs: --device cpu|cuda[:N], --deterministic
 // (GPU: batch-invariant kernels, the default; --no-deterministic lets
-// cuBLAS take batched products) and --matmul (CPU). Shared by `run`,
+// cuBLAS take batched products), --fp8 (GPU, fast mode) and --matmul. Shared by `run`,
 // `serve` and `bench`.
 struct DeviceOptions {
   std::string device = "cpu";
   bool deterministic = true;
   bool cuda_graphs = true;  // GPU: replay repeated step shapes as CUDA graphs
+  // GPU, fast mode: the layers' dense weights as FP8 (cuda::CudaOptions::fp8).
+  bool fp8 = false;
   // CPU products of quantized weights: int8 (activations quantized per
   // 32-block, integer dot products) or exact (f32); docs/KERNELS.md.
   std::string matmul = "int8";

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "cuda/cuda_internal.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/fp8.h"
 #include "cuda/matmul_tc.cuh"
 #include "cuda/step_profile.h"
 
@@ -371,6 +372,16 @@ class CudaBackend final : public model::Backend {
     FERRY_CUDA_CHECK(cudaGetDeviceProperties(&prop, opts.device));
     name_ = std::string("cuda:") + std::to_string(opts.device) + " (" + prop.name + ")";
     kv_alloc_ = std::make_shared<DeviceKvAllocator>(opts.device, stream_);
+    if (opts.fp8) {
+      if (opts.deterministic)
+        fail("cuda",
+             "--fp8 runs with --no-deterministic: cuBLASLt picks its FP8 kernels by batch "
+             "size, so a row's logits would depend on the batch");
+      if (!fp8_supported(opts.device))
+        fail("cuda", "--fp8 needs FP8 tensor cores (compute capability 8.9 or newer); ", prop.name,
+             " is ", prop.major, ".", prop.minor);
+      fp8_ = std::make_unique<Fp8Gemm>(blas_workspace_, kBlasWorkspace);
+    }
     if (StepProfile::requested()) profile_ = std::make_unique<StepProfile>(stream_);
   }
 
@@ -403,6 +414,56 @@ class CudaBackend final : public model::Backend {
     d.data = static_cast<const uint8_t*>(p);
     dense_weights_ = dense_weights_ || host.type == DType::BF16 || host.type == DType::F16;
     return d;
+  }
+
+  // --fp8: a layer's dense weight as E4M3 codes with one scale per output
+  // column (quantize_fp8_rows on the device, from a temporary copy of the
+  // file's values), in one allocation: the scales (padded to 256 bytes),
+  // then the codes. Its view has type kFp8, which only matmul_many takes.
+  kernels::WeightView layer_weight(const kernels::WeightView& host) override {
+    if (!fp8_ || !(host.type == DType::BF16 || host.type == DType::F16 ||
+                   host.type == DType::F32) || host.n_in % 16 != 0)
+      return weight(host);
+    const size_t bytes = host.row_bytes() * host.n_out;
+    const size_t head = (host.n_out * sizeof(float) + 255) / 256 * 256;
+    auto* p = static_cast<uint8_t*>(device_alloc(head + host.n_in * host.n_out));
+    owned_.push_back(p);
+    void* tmp = device_alloc(bytes);
+    FERRY_CUDA_CHECK(cudaMemcpy(tmp, host.data, bytes, cudaMemcpyHostToDevice));
+    quantize_fp8_rows(tmp, host.type, host.n_out, host.n_in, p + head, reinterpret_cast<float*>(p),
+                      stream_);
+    FERRY_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    cudaFree(tmp);
+    kernels::WeightView d = host;
+    d.type = kFp8;
+    d.data = p;
+    return d;
+  }
+  static constexpr DType kFp8 = static_cast<DType>(0xF8E4u);  // not a GGML type
+  static const float* fp8_scales(const kernels::WeightView& w) {
+    return reinterpret_cast<const float*>(w.data);
+  }
+  static const uint8_t* fp8_codes(const kernels::WeightView& w) {
+    return w.data + (w.n_out * sizeof(float) + 255) / 256 * 256;
+  }
+  struct Fp8Rows {
+    uint8_t* codes = nullptr;
+    float* scales = nullptr;
+    void* scratch = nullptr;  // for Fp8Gemm::product, when it needs some
+  };
+  // A call's activations as E4M3 codes (one scale per row), and the
+  // scratch the largest product of the call's weights needs.
+  Fp8Rows quantize_fp8(const float* x, size_t n_rows, size_t n_in,
+                       std::span<const kernels::WeightView> ws) {
+    const size_t codes = (n_rows * n_in + 255) / 256 * 256;
+    const size_t scales = (n_rows * sizeof(float) + 255) / 256 * 256;
+    size_t scratch = 0;
+    for (const kernels::WeightView& w : ws)
+      scratch = std::max(scratch, fp8_->scratch_bytes(w.n_out, n_rows));
+    auto* p = static_cast<uint8_t*>(x8_.get(codes + scales + scratch, stream_));
+    Fp8Rows r{p, reinterpret_cast<float*>(p + codes), scratch ? p + codes + scales : nullptr};
+    quantize_fp8_rows(x, DType::F32, n_rows, n_in, r.codes, r.scales, stream_);
+    return r;
   }
 
   const float* vector(const float* host, size_t n) override {
@@ -537,6 +598,7 @@ class CudaBackend final : public model::Backend {
       return;
     }
     Int8Rows xq;  // x quantized for int8 mode, made on first use
+    Fp8Rows x8;   // x quantized for --fp8, made on first use
     // Weights of one type wait here to share one launch: dense ones for
     // the tensor-core kernel, Q4_K / Q6_K ones for int8 mode's.
     auto tc_wait = pending<uint16_t>([&](const auto& p) {
@@ -550,7 +612,15 @@ class CudaBackend final : public model::Backend {
     for (size_t i = 0; i < ws.size(); ++i) {
       const kernels::WeightView& w = ws[i];
       const bool small = opts_.deterministic || n_rows <= kFastMatvecRows;
-      if (int8_takes(w)) {
+      if (w.type == kFp8 && n_rows <= kFp8GemvRows) {
+        // Decode: the codes against x's bf16 copy, one launch.
+        if (!xb) xb = to_bf16(x, n_rows * w.n_in);
+        gemv_fp8(fp8_codes(w), fp8_scales(w), xb, w.n_in, w.n_out, n_rows, ys[i], stream_);
+      } else if (w.type == kFp8) {
+        if (!x8.codes) x8 = quantize_fp8(x, n_rows, w.n_in, ws);
+        fp8_->product(fp8_codes(w), fp8_scales(w), x8.codes, x8.scales, w.n_in, w.n_out, n_rows,
+                      ys[i], x8.scratch, stream_);
+      } else if (int8_takes(w)) {
         if (!xq.codes) xq = quantize_rows(x, n_rows, w.n_in);
         q8_wait.add(w, w.data, ys[i]);
       } else if (!small) {
@@ -1119,10 +1189,11 @@ class CudaBackend final : public model::Backend {
   enum class Mode { Direct, Capture, Replay };
   // Where the buffers a captured graph's nodes point into are now: a graph
   // replays only while they have not moved.
-  using Buffers = std::array<const void*, 9>;
+  using Buffers = std::array<const void*, 12>;
   Buffers buffers() const {
     return {arena_.ptr,   staging_dev_,         pinned_,           xtc_.ptr, xtc_out_.ptr, xq_.ptr,
-            attn_ws_.ptr, step_writes_buf_.ptr, step_jobs_buf_.ptr};
+            attn_ws_.ptr, step_writes_buf_.ptr, step_jobs_buf_.ptr, dequant_.ptr, xconv_.ptr,
+            x8_.ptr};
   }
   struct Graph {
     int direct_runs = 0;
@@ -1232,6 +1303,8 @@ class CudaBackend final : public model::Backend {
   std::shared_ptr<DeviceKvAllocator> kv_alloc_;
   std::vector<void*> owned_;  // weights and vectors
   Growable arena_, dequant_, xconv_, xtc_, xtc_out_, xq_, attn_ws_, select_, drawn_;
+  Growable x8_;                     // --fp8: a call's activations as E4M3 codes, scales, bf16 acc
+  std::unique_ptr<Fp8Gemm> fp8_;    // --fp8: cuBLASLt's FP8 products
   bool dense_weights_ = false;  // a BF16/F16 weight was loaded
   Bf16Copy bf16_copy_;
   // Staging for uploads: pinned host memory and its device twin.

@@ -20,7 +20,9 @@
 //   weights on tensor cores with bf16 activations, GGUF block types on
 //   matmul_gguf in f32, or Q4_K / Q6_K on matmul_q8 in int8 mode);
 // - fast: products of more than a few rows go through cuBLAS in bf16
-//   (whose kernel choice depends on the batch size), for throughput.
+//   (whose kernel choice depends on the batch size), for throughput; with
+//   fp8, the layers' products of every row count go through cuBLASLt on
+//   FP8 weights and activations.
 #pragma once
 
 #include <cstddef>
@@ -42,6 +44,15 @@ struct CudaOptions {
   // integer tensor-core products (other types stay on matmul_gguf). The
   // CLI's --matmul (default int8) sets it.
   kernels::MatmulMode matmul = kernels::MatmulMode::Exact;
+  // The layers' dense weights (Q/K/V, o, gate, up, down in BF16, F16 or
+  // F32) stored as FP8 E4M3 codes with one scale per output column, and
+  // their products run on FP8 tensor cores through cuBLASLt, with each
+  // call's activations quantized per row (cuda/fp8.h). Halves the bytes a
+  // decode step streams. The embedding table and the output head keep
+  // their file's type. Needs compute capability 8.9+ and deterministic =
+  // false (cuBLASLt's kernel choice depends on the batch); the backend's
+  // constructor throws otherwise.
+  bool fp8 = false;
 };
 
 // Throws ferry::Error("[cuda] ...") when no usable GPU is present.

@@ -39,6 +39,13 @@ class Backend {
   // --- memory ---
   // A weight for this backend (host: the mapped GGUF bytes, used in place).
   virtual kernels::WeightView weight(const kernels::WeightView& host) = 0;
+  // A weight that only a layer's products read (Q/K/V, o, gate, up, down;
+  // not the embedding table or the output head). A backend may store these
+  // in a format of its own (the CUDA backend's --fp8); the default is
+  // weight().
+  virtual kernels::WeightView layer_weight(const kernels::WeightView& host) {
+    return weight(host);
+  }
   // n floats copied (or, on the CPU, referenced) into backend memory.
   virtual const float* vector(const float* host, size_t n) = 0;
   // Where KV caches for this backend keep their bytes.

@@ -94,6 +94,18 @@ TEST(Cli, UnavailableDeviceIsAClearError) {
 #endif
 }
 
+// --fp8 is a GPU fast-mode option: on the CPU, or with the deterministic
+// kernels, it is refused before anything runs.
+TEST(Cli, Fp8OutsideItsModeIsAClearError) {
+  const std::string tiny = std::string(FERRY_TEST_DATA) + "/models/tiny-llama-f32.gguf";
+  Result r = ferry("run -m " + tiny + " --fp8 --no-deterministic hi", true);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("[device] --fp8 needs --device cuda"), std::string::npos) << r.out;
+  r = ferry("run -m " + tiny + " --device cuda --fp8 hi", true);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("[device] --fp8 needs --no-deterministic"), std::string::npos) << r.out;
+}
+
 TEST(Cli, GreedyJsonIsDeterministicAndWellFormed) {
   Result a = ferry("run -q --temperature 0 --max-tokens 12 --json 'What is 2+2?'");
   ASSERT_EQ(a.code, 0);

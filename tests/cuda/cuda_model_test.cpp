@@ -32,12 +32,14 @@ namespace {
 
 std::unique_ptr<Model> gpu_model(const std::string& path, bool deterministic = true,
                                  bool graphs = true,
-                                 kernels::MatmulMode matmul = kernels::MatmulMode::Exact) {
+                                 kernels::MatmulMode matmul = kernels::MatmulMode::Exact,
+                                 bool fp8 = false) {
   auto m = load_model(path);
   cuda::CudaOptions o;
   o.deterministic = deterministic;
   o.graphs = graphs;
   o.matmul = matmul;
+  o.fp8 = fp8;
   m->set_backend(cuda::make_backend(o));
   return m;
 }
@@ -566,6 +568,77 @@ TEST(GpuGraphs, FastModeReplaysCublasBitForBit) {
       next[o] = static_cast<int32_t>(argmax(&la[o * V], V));
       in[o] = RowInput{std::span<const int32_t>(&next[o], 1)};
     }
+  }
+}
+
+// --fp8 (fast mode): the layers' weights and each product's activations
+// rounded to E4M3, whose 3 mantissa bits leave a relative error of up to
+// 2^-4 per value (about 3.6% rms for both factors of every term), so a
+// product's output moves by a few percent and the logits by more after the
+// layers. The bound, kFp8Tolerance of the largest logit, is about twice
+// what these tiny models measured (docs/CUDA.md, "FP8 weights"), and the
+// greedy token must be the CPU's at three steps in four or more. The
+// FP8 logits must also differ from the same GPU's bf16 ones (else the FP8
+// path did not run), and a graph's replay must give the direct run's bits.
+constexpr double kFp8Tolerance = 0.25;
+
+class TinyFp8Test : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(TinyFp8Test, LogitsNearCpuAndReplaysBitForBit) {
+  const std::string path = test::data_path(std::string("models/") + GetParam() + ".gguf");
+  int dev_major = 0, dev_minor = 0;
+  cudaDeviceGetAttribute(&dev_major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&dev_minor, cudaDevAttrComputeCapabilityMinor, 0);
+  if (dev_major * 10 + dev_minor < 89) GTEST_SKIP() << "no FP8 tensor cores";
+  auto cpu = load_model(path);
+  auto fp8 = gpu_model(path, false, true, kernels::MatmulMode::Exact, true);
+  auto fp8_direct = gpu_model(path, false, false, kernels::MatmulMode::Exact, true);
+  auto bf16 = gpu_model(path, false, true);
+  ThreadPool pool(2);
+  kernels::Context ctx{&pool, best_cpu_path()};
+  std::mt19937 rng(3);
+  for (size_t len : {1u, 9u, 40u}) {
+    std::vector<int32_t> prompt(len);
+    for (auto& t : prompt) t = static_cast<int32_t>(rng() % cpu->config().vocab_size);
+    std::vector<int32_t> cpu_tokens;
+    auto ref = trajectory(*cpu, ctx, prompt, {}, 24, &cpu_tokens);
+    auto got = trajectory(*fp8, ctx, prompt, cpu_tokens, 24, nullptr);
+    auto direct = trajectory(*fp8_direct, ctx, prompt, cpu_tokens, 24, nullptr);
+    auto plain = trajectory(*bf16, ctx, prompt, cpu_tokens, 24, nullptr);
+    const double d = max_rel_diff(ref, got);
+    EXPECT_LE(d, kFp8Tolerance) << GetParam() << " prompt " << len;
+    EXPECT_GT(max_rel_diff(plain, got), 0.0) << GetParam() << ": FP8 gave the bf16 logits";
+    for (size_t s = 0; s < got.size(); ++s)
+      ASSERT_EQ(std::memcmp(got[s].data(), direct[s].data(), got[s].size() * sizeof(float)), 0)
+          << GetParam() << " prompt " << len << " step " << s << ": replay differs";
+    size_t agree = 0;
+    for (size_t s = 0; s < ref.size(); ++s)
+      agree += argmax(ref[s].data(), ref[s].size()) == argmax(got[s].data(), got[s].size());
+    EXPECT_GE(agree * 4, ref.size() * 3) << GetParam() << " prompt " << len << ": greedy agreed "
+                                         << agree << " of " << ref.size();
+    std::printf(
+        "[fp8-vs-cpu] %s prompt %zu: max diff %.3g of the largest logit (bf16 GPU %.3g), greedy "
+        "%zu of %zu\n",
+        GetParam(), len, d, max_rel_diff(ref, plain), agree, ref.size());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyModels, TinyFp8Test,
+                         ::testing::Values("tiny-llama-f32", "tiny-llama-bf16", "tiny-llama-f16",
+                                           "tiny-llama3-f32"));
+
+// --fp8 outside fast mode is refused when the backend is made.
+TEST(GpuFp8, DeterministicModeIsRefused) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  cuda::CudaOptions o;
+  o.fp8 = true;
+  try {
+    cuda::make_backend(o);
+    FAIL() << "--fp8 with deterministic kernels was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("--fp8 runs with --no-deterministic"), std::string::npos)
+        << e.what();
   }
 }
 

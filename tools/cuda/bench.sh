@@ -11,7 +11,7 @@
 # Environment: SHAPE (llama-3.1-8b), TYPES (bf16), RUNS (which groups:
 # single,batch,kv,hf; also llamacpp, with LLAMA_CUDA_BIN), BATCHES
 # (64,256), MODES (deterministic,fast; also nographs: deterministic without
-# CUDA graphs), MATMUL (int8 or exact: --matmul for quantized weights;
+# CUDA graphs; fp8: fast mode with --fp8, the layers' weights in FP8), MATMUL (int8 or exact: --matmul for quantized weights;
 # ferry's default, int8, if unset), KV_Q8 (set: also 8-bit KV at 4k).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -63,7 +63,8 @@ for t in ${types//,/ }; do
       deterministic) flags=(--deterministic) ;;
       fast) flags=(--no-deterministic) ;;
       nographs) flags=(--deterministic --no-cuda-graphs) ;;  # kernel by kernel
-      *) echo "unknown mode $mode (deterministic, fast, nographs)" >&2; exit 2 ;;
+      fp8) flags=(--no-deterministic --fp8) ;;
+      *) echo "unknown mode $mode (deterministic, fast, nographs, fp8)" >&2; exit 2 ;;
     esac
     [[ -n ${MATMUL:-} ]] && flags+=(--matmul "$MATMUL") && tag=$tag-$MATMUL
     if has single; then

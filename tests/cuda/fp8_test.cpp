@@ -1,0 +1,228 @@
+// --fp8's pieces (cuda/fp8.h) against host references: the per-row E4M3
+// quantization code for code, and cuBLASLt's FP8 product with its scales
+// against the same codes multiplied out in double.
+#include <cuda_fp8.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "core/half.h"
+#include "cuda/fp8.h"
+#include "cuda_test_util.h"
+
+namespace ferry::test {
+namespace {
+
+using cuda::kFp8Max;
+
+float e4m3_value(uint8_t c) {
+  __nv_fp8_e4m3 v;
+  v.__x = c;
+  return static_cast<float>(v);
+}
+
+// What quantize_fp8_rows must give for one row (fp8.h's definition; the
+// rounding is cuda_fp8.h's host conversion, the device uses the hardware's).
+void host_quantize(const std::vector<float>& row, std::vector<uint8_t>& codes, float& scale) {
+  float a = 0.0f;
+  for (float v : row) a = std::fmax(a, std::fabs(v));
+  const bool zero = !(a > 0.0f);
+  const float inv = zero ? 1.0f : kFp8Max / a;
+  scale = zero ? 1.0f : a / kFp8Max;
+  codes.resize(row.size());
+  for (size_t i = 0; i < row.size(); ++i)
+    codes[i] = __nv_cvt_float_to_fp8(row[i] * inv, __NV_SATFINITE, __NV_E4M3);
+}
+
+class Fp8Test : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    REQUIRE_GPU();
+    if (!cuda::fp8_supported(0)) GTEST_SKIP() << "no FP8 tensor cores";
+  }
+};
+
+void quantize_case(size_t n);
+
+// Codes and scales are exact: every row of F32, BF16 and F16 values, at
+// magnitudes from 1e-6 to 1e4, with a row of zeros and a row holding a NaN.
+// Rows of 1,000 F32 values take the kernel's register path, rows of 1,002
+// (not a multiple of 4) its loop.
+TEST_F(Fp8Test, QuantizeRowsMatchesHostCodeForCode) {
+  for (const size_t n : {size_t{1000}, size_t{1002}}) quantize_case(n);
+}
+
+void quantize_case(size_t n) {
+  std::mt19937 rng(11);
+  const size_t n_rows = 7;
+  std::vector<float> x(n_rows * n);
+  const float mags[n_rows] = {1e-6f, 1e-2f, 1.0f, 3.0f, 1e4f, 0.0f, 1.0f};
+  for (size_t r = 0; r < n_rows; ++r)
+    for (size_t i = 0; i < n; ++i)
+      x[r * n + i] = mags[r] * std::normal_distribution<float>(0.0f, 1.0f)(rng);
+  x[6 * n + 123] = std::numeric_limits<float>::quiet_NaN();
+  for (DType type : {DType::F32, DType::BF16, DType::F16}) {
+    // The values the kernel sees: x rounded to the input type.
+    std::vector<float> seen(x);
+    std::vector<uint16_t> half(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (type == DType::BF16) {
+        half[i] = f32_to_bf16(x[i]);
+        seen[i] = bf16_to_f32(half[i]);
+      } else if (type == DType::F16) {
+        half[i] = f32_to_f16(x[i]);
+        seen[i] = f16_to_f32(half[i]);
+      }
+    }
+    DeviceBuffer<float> xf(x);
+    DeviceBuffer<uint16_t> xh(half);
+    DeviceBuffer<uint8_t> codes(n_rows * n);
+    DeviceBuffer<float> scales(n_rows);
+    codes.poison(0x55);
+    scales.poison();
+    cuda::quantize_fp8_rows(type == DType::F32 ? static_cast<const void*>(xf.get()) : xh.get(),
+                            type, n_rows, n, codes.get(), scales.get(), nullptr);
+    const std::vector<uint8_t> got = codes.download();
+    const std::vector<float> got_scales = scales.download();
+    for (size_t r = 0; r < n_rows; ++r) {
+      std::vector<uint8_t> want;
+      float want_scale = 0;
+      host_quantize(std::vector<float>(seen.begin() + r * n, seen.begin() + (r + 1) * n), want,
+                    want_scale);
+      EXPECT_EQ(bits(got_scales[r]), bits(want_scale)) << "type " << int(type) << " row " << r;
+      for (size_t i = 0; i < n; ++i)
+        ASSERT_EQ(got[r * n + i], want[i]) << "type " << int(type) << " row " << r << " i " << i;
+    }
+    // The largest magnitude of a row maps to +-448 exactly.
+    EXPECT_EQ(got_scales[5], 1.0f);  // the row of zeros
+    for (size_t i = 0; i < n; ++i) EXPECT_EQ(got[5 * n + i] & 0x7f, 0) << i;
+  }
+}
+
+// The whole product: cuBLASLt's sum of code products times the row's and
+// the column's scales, applied by cuBLASLt itself where it offers that
+// (outer_vec) and by scale_fp8_product otherwise; both ways are run. The
+// reference sums the same codes' values in double. Tolerance: Hopper's FP8
+// tensor cores add their products at reduced precision and cuBLASLt
+// promotes the partial sums to f32 every few k steps; 2^-10 of the sum of
+// |terms| covers both with room to spare, while a wrong layout or scale is
+// off by the size of the terms themselves. Sums stored as bf16 (where
+// cuBLASLt writes no f32 for FP8) add 2^-8 of the value.
+TEST_F(Fp8Test, ProductMatchesCodesMultipliedOut) {
+  std::mt19937 rng(5);
+  void* workspace = nullptr;
+  const size_t ws_bytes = size_t{32} << 20;
+  CK(cudaMalloc(&workspace, ws_bytes));
+  struct Shape {
+    size_t n_in, n_out, n_rows;
+  };
+  for (bool outer_vec : {true, false}) {
+    cuda::Fp8Gemm gemm(workspace, ws_bytes, outer_vec);
+    for (const Shape s : {Shape{64, 48, 1}, Shape{160, 64, 3}, Shape{64, 160, 8},
+                          Shape{4096, 1024, 8}, Shape{1024, 4096, 17}, Shape{256, 128, 64},
+                          Shape{512, 256, 300}}) {
+      std::vector<uint16_t> w(s.n_out * s.n_in);
+      std::vector<float> x(s.n_rows * s.n_in);
+      for (auto& v : w) v = f32_to_bf16(std::normal_distribution<float>(0.0f, 0.05f)(rng));
+      for (auto& v : x) v = std::normal_distribution<float>(0.0f, 2.0f)(rng);
+      DeviceBuffer<uint16_t> dw(w);
+      DeviceBuffer<float> dx(x);
+      DeviceBuffer<uint8_t> wc(s.n_out * s.n_in), xc(s.n_rows * s.n_in);
+      DeviceBuffer<float> ws(s.n_out), xs(s.n_rows), y(s.n_rows * s.n_out);
+      DeviceBuffer<uint8_t> scratch(std::max<size_t>(gemm.scratch_bytes(s.n_out, s.n_rows), 1));
+      y.poison();
+      cuda::quantize_fp8_rows(dw.get(), DType::BF16, s.n_out, s.n_in, wc.get(), ws.get(),
+                              nullptr);
+      cuda::quantize_fp8_rows(dx.get(), DType::F32, s.n_rows, s.n_in, xc.get(), xs.get(),
+                              nullptr);
+      gemm.product(wc.get(), ws.get(), xc.get(), xs.get(), s.n_in, s.n_out, s.n_rows, y.get(),
+                   scratch.get(), nullptr);
+      const bool bf16_sums = gemm.scratch_bytes(s.n_out, s.n_rows) > 0 &&
+                             !gemm.scales_in_cublas(s.n_in, s.n_out, s.n_rows);
+      if (!outer_vec) EXPECT_FALSE(gemm.scales_in_cublas(s.n_in, s.n_out, s.n_rows));
+      std::printf("[fp8] %zu -> %zu x %zu: scales applied by %s%s\n", s.n_in, s.n_out, s.n_rows,
+                  gemm.scales_in_cublas(s.n_in, s.n_out, s.n_rows) ? "cuBLASLt" : "ferry",
+                  bf16_sums ? " (bf16 sums)" : "");
+      const std::vector<uint8_t> hw = wc.download(), hx = xc.download();
+      const std::vector<float> hws = ws.download(), hxs = xs.download(), got = y.download();
+      size_t bad = 0;
+      for (size_t r = 0; r < s.n_rows; ++r)
+        for (size_t j = 0; j < s.n_out; ++j) {
+          double sum = 0, mag = 0;
+          for (size_t k = 0; k < s.n_in; ++k) {
+            const double t =
+                double(e4m3_value(hw[j * s.n_in + k])) * e4m3_value(hx[r * s.n_in + k]);
+            sum += t;
+            mag += std::fabs(t);
+          }
+          const double scale = double(hxs[r]) * hws[j];
+          const double want = sum * scale;
+          double tol = std::ldexp(mag, -10) * scale;
+          if (bf16_sums) tol += std::ldexp(std::fabs(want), -8);
+          const double g = got[r * s.n_out + j];
+          if (!(std::fabs(g - want) <= tol) && ++bad <= 5)
+            ADD_FAILURE() << s.n_in << "->" << s.n_out << " x" << s.n_rows << " (" << r << ", "
+                          << j << "): " << g << " against " << want << " (tol " << tol << ")";
+        }
+      EXPECT_EQ(bad, 0u) << s.n_in << "->" << s.n_out << " x" << s.n_rows << " outer_vec "
+                         << outer_vec;
+    }
+  }
+  cudaFree(workspace);
+}
+
+// Decode steps' kernel: E4M3 codes against bf16 activations for 1-8 rows,
+// against the same values multiplied out in double. The kernel sums in f32
+// (per lane in k order, then lanes and warps by trees), so it is within
+// 2^-16 of the sum of |terms| (n_in up to 14,336: about 2^14 additions of
+// relative error 2^-24 each in the worst case); a wrong column, row or
+// scale is off by the size of the terms. Column counts that are not a
+// multiple of the kernel's 2 or 4 columns a block, and n_in of one partial
+// stretch (48) and of many (14,336), are covered.
+TEST_F(Fp8Test, DecodeKernelMatchesCodesMultipliedOut) {
+  std::mt19937 rng(9);
+  struct Shape {
+    size_t n_in, n_out;
+  };
+  for (const Shape s : {Shape{48, 33}, Shape{4096, 1024}, Shape{14336, 258}, Shape{160, 64}})
+    for (size_t n_rows = 1; n_rows <= cuda::kFp8GemvRows; ++n_rows) {
+      std::vector<uint16_t> w(s.n_out * s.n_in), x(n_rows * s.n_in);
+      for (auto& v : w) v = f32_to_bf16(std::normal_distribution<float>(0.0f, 0.05f)(rng));
+      for (auto& v : x) v = f32_to_bf16(std::normal_distribution<float>(0.0f, 2.0f)(rng));
+      DeviceBuffer<uint16_t> dw(w), dx(x);
+      DeviceBuffer<uint8_t> wc(s.n_out * s.n_in);
+      DeviceBuffer<float> ws(s.n_out), y(n_rows * s.n_out);
+      y.poison();
+      cuda::quantize_fp8_rows(dw.get(), DType::BF16, s.n_out, s.n_in, wc.get(), ws.get(),
+                              nullptr);
+      cuda::gemv_fp8(wc.get(), ws.get(), dx.get(), s.n_in, s.n_out, n_rows, y.get(), nullptr);
+      const std::vector<uint8_t> hw = wc.download();
+      const std::vector<float> hws = ws.download(), got = y.download();
+      size_t bad = 0;
+      for (size_t r = 0; r < n_rows; ++r)
+        for (size_t j = 0; j < s.n_out; ++j) {
+          double sum = 0, mag = 0;
+          for (size_t k = 0; k < s.n_in; ++k) {
+            const double t =
+                double(e4m3_value(hw[j * s.n_in + k])) * bf16_to_f32(x[r * s.n_in + k]);
+            sum += t;
+            mag += std::fabs(t);
+          }
+          const double want = sum * hws[j], tol = std::ldexp(mag, -16) * hws[j];
+          const double g = got[r * s.n_out + j];
+          if (!(std::fabs(g - want) <= tol) && ++bad <= 5)
+            ADD_FAILURE() << s.n_in << "->" << s.n_out << " x" << n_rows << " (" << r << ", "
+                          << j << "): " << g << " against " << want << " (tol " << tol << ")";
+        }
+      EXPECT_EQ(bad, 0u) << s.n_in << "->" << s.n_out << " x" << n_rows;
+    }
+}
+
+}  // namespace
+}  // namespace ferry::test
