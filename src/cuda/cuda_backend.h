@@ -21,8 +21,8 @@
 //   matmul_gguf in f32, or Q4_K / Q6_K on matmul_q8 in int8 mode);
 // - fast: products of more than a few rows go through cuBLAS in bf16
 //   (whose kernel choice depends on the batch size), for throughput; with
-//   fp8, the layers' products of every row count go through cuBLASLt on
-//   FP8 weights and activations.
+//   fp8, the layers' products read FP8 weights: a W8A16 kernel for up to
+//   8 rows, cuBLASLt on FP8 activations above that.
 #pragma once
 
 #include <cstddef>
@@ -45,8 +45,9 @@ struct CudaOptions {
   // CLI's --matmul (default int8) sets it.
   kernels::MatmulMode matmul = kernels::MatmulMode::Exact;
   // The layers' dense weights (Q/K/V, o, gate, up, down in BF16, F16 or
-  // F32) stored as FP8 E4M3 codes with one scale per output column, and
-  // their products run on FP8 tensor cores through cuBLASLt, with each
+  // F32) stored as FP8 E4M3 codes with one scale per output column. Up to
+  // 8 rows (decode) multiply them against bf16 activations in ferry's
+  // gemv_fp8; more rows run on FP8 tensor cores through cuBLASLt, with the
   // call's activations quantized per row (cuda/fp8.h). Halves the bytes a
   // decode step streams. The embedding table and the output head keep
   // their file's type. Needs compute capability 8.9+ and deterministic =

@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   const uint32_t j0 = blockIdx.x * C;
   const uint8_t* wr[C];
 #pragma unroll
-  for (int c = 0; c < C; ++c) wr[c] = w + size_t{min(j0 + c, n_out - 1)} * n_in;
+  for (int c = 0; c < C; ++c) wr[c] = w + static_cast<size_t>(min(j0 + c, n_out - 1)) * n_in;
   float acc[C][R] = {};
   uint32_t k = (warp * 32 + lane) * 16;
   constexpr uint32_t kStep = kGemvWarps * 512;

@@ -145,7 +145,9 @@ TEST_F(Fp8Test, ProductMatchesCodesMultipliedOut) {
                    scratch.get(), nullptr);
       const bool bf16_sums = gemm.scratch_bytes(s.n_out, s.n_rows) > 0 &&
                              !gemm.scales_in_cublas(s.n_in, s.n_out, s.n_rows);
-      if (!outer_vec) EXPECT_FALSE(gemm.scales_in_cublas(s.n_in, s.n_out, s.n_rows));
+      if (!outer_vec) {
+        EXPECT_FALSE(gemm.scales_in_cublas(s.n_in, s.n_out, s.n_rows));
+      }
       std::printf("[fp8] %zu -> %zu x %zu: scales applied by %s%s\n", s.n_in, s.n_out, s.n_rows,
                   gemm.scales_in_cublas(s.n_in, s.n_out, s.n_rows) ? "cuBLASLt" : "ferry",
                   bf16_sums ? " (bf16 sums)" : "");
