@@ -421,8 +421,9 @@ class CudaBackend final : public model::Backend {
   // file's values), in one allocation: the scales (padded to 256 bytes),
   // then the codes. Its view has type kFp8, which only matmul_many takes.
   kernels::WeightView layer_weight(const kernels::WeightView& host) override {
-    if (!fp8_ || !(host.type == DType::BF16 || host.type == DType::F16 ||
-                   host.type == DType::F32) || host.n_in % 16 != 0)
+    if (!fp8_ ||
+        !(host.type == DType::BF16 || host.type == DType::F16 || host.type == DType::F32) ||
+        host.n_in % 16 != 0)
       return weight(host);
     const size_t bytes = host.row_bytes() * host.n_out;
     const size_t head = (host.n_out * sizeof(float) + 255) / 256 * 256;
@@ -1191,9 +1192,9 @@ class CudaBackend final : public model::Backend {
   // replays only while they have not moved.
   using Buffers = std::array<const void*, 12>;
   Buffers buffers() const {
-    return {arena_.ptr,   staging_dev_,         pinned_,           xtc_.ptr, xtc_out_.ptr, xq_.ptr,
-            attn_ws_.ptr, step_writes_buf_.ptr, step_jobs_buf_.ptr, dequant_.ptr, xconv_.ptr,
-            x8_.ptr};
+    return {arena_.ptr,         staging_dev_, pinned_,      xtc_.ptr,
+            xtc_out_.ptr,       xq_.ptr,      attn_ws_.ptr, step_writes_buf_.ptr,
+            step_jobs_buf_.ptr, dequant_.ptr, xconv_.ptr,   x8_.ptr};
   }
   struct Graph {
     int direct_runs = 0;
@@ -1303,8 +1304,8 @@ class CudaBackend final : public model::Backend {
   std::shared_ptr<DeviceKvAllocator> kv_alloc_;
   std::vector<void*> owned_;  // weights and vectors
   Growable arena_, dequant_, xconv_, xtc_, xtc_out_, xq_, attn_ws_, select_, drawn_;
-  Growable x8_;                     // --fp8: a call's activations as E4M3 codes, scales, bf16 acc
-  std::unique_ptr<Fp8Gemm> fp8_;    // --fp8: cuBLASLt's FP8 products
+  Growable x8_;                   // --fp8: a call's activations as E4M3 codes, scales, bf16 acc
+  std::unique_ptr<Fp8Gemm> fp8_;  // --fp8: cuBLASLt's FP8 products
   bool dense_weights_ = false;  // a BF16/F16 weight was loaded
   Bf16Copy bf16_copy_;
   // Staging for uploads: pinned host memory and its device twin.

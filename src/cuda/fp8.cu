@@ -149,8 +149,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     for (int c = 0; c < C; ++c) e4m3x16_to_f32(wv[c], wf[c]);
     if (k + kStep < n_in)
 #pragma unroll
-      for (int c = 0; c < C; ++c)
-        wv[c] = __ldcs(reinterpret_cast<const uint4*>(wr[c] + k + kStep));
+      for (int c = 0; c < C; ++c) wv[c] = __ldcs(reinterpret_cast<const uint4*>(wr[c] + k + kStep));
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const uint4* xp = reinterpret_cast<const uint4*>(x + static_cast<size_t>(r) * n_in + k);
@@ -187,8 +186,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 }
 
 template <int R>
-void gemv_rows(const uint8_t* w, const float* sw, const uint16_t* x, uint32_t n_in,
-               uint32_t n_out, float* y, cudaStream_t stream) {
+void gemv_rows(const uint8_t* w, const float* sw, const uint16_t* x, uint32_t n_in, uint32_t n_out,
+               float* y, cudaStream_t stream) {
   constexpr int C = R <= 2 ? 2 : 4;
   const unsigned blocks = (n_out + C - 1) / C;
   launch("gemv_fp8", gemv_fp8_kernel<R, C>, blocks, kGemvWarps * 32, 0, stream, w, sw, x, n_in,
@@ -231,22 +230,30 @@ void quantize_fp8_rows(const void* x, DType type, size_t n_rows, size_t n, uint8
   }
 }
 
-void gemv_fp8(const uint8_t* w, const float* w_scales, const uint16_t* x, size_t n_in,
-              size_t n_out, size_t n_rows, float* y, cudaStream_t stream) {
+void gemv_fp8(const uint8_t* w, const float* w_scales, const uint16_t* x, size_t n_in, size_t n_out,
+              size_t n_rows, float* y, cudaStream_t stream) {
   if (n_rows == 0 || n_out == 0) return;
   FERRY_CHECK(n_rows <= kFp8GemvRows && n_in % 16 == 0 && n_in < (size_t{1} << 31) &&
                   n_out < (size_t{1} << 31),
               "fp8", "gemv_fp8: ", n_rows, " rows of ", n_in, " -> ", n_out);
   const uint32_t k = static_cast<uint32_t>(n_in), j = static_cast<uint32_t>(n_out);
   switch (n_rows) {
-    case 1: return gemv_rows<1>(w, w_scales, x, k, j, y, stream);
-    case 2: return gemv_rows<2>(w, w_scales, x, k, j, y, stream);
-    case 3: return gemv_rows<3>(w, w_scales, x, k, j, y, stream);
-    case 4: return gemv_rows<4>(w, w_scales, x, k, j, y, stream);
-    case 5: return gemv_rows<5>(w, w_scales, x, k, j, y, stream);
-    case 6: return gemv_rows<6>(w, w_scales, x, k, j, y, stream);
-    case 7: return gemv_rows<7>(w, w_scales, x, k, j, y, stream);
-    default: return gemv_rows<8>(w, w_scales, x, k, j, y, stream);
+    case 1:
+      return gemv_rows<1>(w, w_scales, x, k, j, y, stream);
+    case 2:
+      return gemv_rows<2>(w, w_scales, x, k, j, y, stream);
+    case 3:
+      return gemv_rows<3>(w, w_scales, x, k, j, y, stream);
+    case 4:
+      return gemv_rows<4>(w, w_scales, x, k, j, y, stream);
+    case 5:
+      return gemv_rows<5>(w, w_scales, x, k, j, y, stream);
+    case 6:
+      return gemv_rows<6>(w, w_scales, x, k, j, y, stream);
+    case 7:
+      return gemv_rows<7>(w, w_scales, x, k, j, y, stream);
+    default:
+      return gemv_rows<8>(w, w_scales, x, k, j, y, stream);
   }
 }
 
@@ -261,8 +268,8 @@ void scale_fp8_product(const void* acc, bool acc_bf16, const float* row_scale,
     launch("scale_fp8", scale_fp8_kernel<true>, blocks, 256, 0, stream, acc, row_scale, col_scale,
            cols, total, y);
   else
-    launch("scale_fp8", scale_fp8_kernel<false>, blocks, 256, 0, stream, acc, row_scale,
-           col_scale, cols, total, y);
+    launch("scale_fp8", scale_fp8_kernel<false>, blocks, 256, 0, stream, acc, row_scale, col_scale,
+           cols, total, y);
 }
 
 }  // namespace ferry::cuda

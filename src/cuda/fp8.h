@@ -39,8 +39,8 @@ void quantize_fp8_rows(const void* x, DType type, size_t n_rows, size_t n, uint8
 // so it runs near the copy bandwidth where cuBLASLt's small-batch FP8
 // kernels and the quantize and scale launches around them do not.
 inline constexpr size_t kFp8GemvRows = 8;
-void gemv_fp8(const uint8_t* w, const float* w_scales, const uint16_t* x, size_t n_in,
-              size_t n_out, size_t n_rows, float* y, cudaStream_t stream);
+void gemv_fp8(const uint8_t* w, const float* w_scales, const uint16_t* x, size_t n_in, size_t n_out,
+              size_t n_rows, float* y, cudaStream_t stream);
 
 // y[r, j] = acc[r, j] * (row_scale[r] * col_scale[j]) for [n_rows, n_out]
 // products; acc is f32 or bf16 (acc_bf16) and may be y itself when f32.

@@ -60,8 +60,8 @@ struct Fp8Gemm::Impl {
   std::map<std::tuple<size_t, size_t, size_t>, Plan> plans;  // by (n_in, n_out, n_rows)
 
   // Column-major view: y^T [n_out, n_rows] = op_T(W^T [n_in, n_out]) * x^T [n_in, n_rows].
-  bool find(cublasLtMatmulDesc_t desc, cudaDataType_t out, size_t n_in, size_t n_out,
-            size_t n_rows, cublasLtMatmulAlgo_t* algo) const {
+  bool find(cublasLtMatmulDesc_t desc, cudaDataType_t out, size_t n_in, size_t n_out, size_t n_rows,
+            cublasLtMatmulAlgo_t* algo) const {
     Layout a(CUDA_R_8F_E4M3, n_in, n_out, static_cast<int64_t>(n_in));
     Layout b(CUDA_R_8F_E4M3, n_in, n_rows, static_cast<int64_t>(n_in));
     Layout c(out, n_out, n_rows, static_cast<int64_t>(n_out));
@@ -72,8 +72,8 @@ struct Fp8Gemm::Impl {
              "cublasLtMatmulPreferenceSetAttribute");
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, desc, a.h, b.h, c.h, c.h, pref, 1,
-                                                             &result, &found);
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(lt, desc, a.h, b.h, c.h, c.h, pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
       return false;

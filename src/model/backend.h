@@ -43,9 +43,7 @@ class Backend {
   // not the embedding table or the output head). A backend may store these
   // in a format of its own (the CUDA backend's --fp8); the default is
   // weight().
-  virtual kernels::WeightView layer_weight(const kernels::WeightView& host) {
-    return weight(host);
-  }
+  virtual kernels::WeightView layer_weight(const kernels::WeightView& host) { return weight(host); }
   // n floats copied (or, on the CPU, referenced) into backend memory.
   virtual const float* vector(const float* host, size_t n) = 0;
   // Where KV caches for this backend keep their bytes.

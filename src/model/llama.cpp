@@ -76,11 +76,10 @@ class LlamaModel final : public Model {
     d.output_norm = be.vector(host_.output_norm, c.n_embd);
     d.rope_inv_freq = be.vector(host_.rope_inv_freq, c.head_dim / 2);
     for (const LayerWeights& h : host_.layers)
-      d.layers.push_back(LayerWeights{be.vector(h.attn_norm, c.n_embd), be.layer_weight(h.wq),
-                                      be.layer_weight(h.wk), be.layer_weight(h.wv),
-                                      be.layer_weight(h.wo), be.vector(h.ffn_norm, c.n_embd),
-                                      be.layer_weight(h.w_gate), be.layer_weight(h.w_up),
-                                      be.layer_weight(h.w_down)});
+      d.layers.push_back(LayerWeights{
+          be.vector(h.attn_norm, c.n_embd), be.layer_weight(h.wq), be.layer_weight(h.wk),
+          be.layer_weight(h.wv), be.layer_weight(h.wo), be.vector(h.ffn_norm, c.n_embd),
+          be.layer_weight(h.w_gate), be.layer_weight(h.w_up), be.layer_weight(h.w_down)});
     backend_ = std::move(backend);
     device_ = std::move(d);
   }

@@ -614,8 +614,8 @@ TEST_P(TinyFp8Test, LogitsNearCpuAndReplaysBitForBit) {
     size_t agree = 0;
     for (size_t s = 0; s < ref.size(); ++s)
       agree += argmax(ref[s].data(), ref[s].size()) == argmax(got[s].data(), got[s].size());
-    EXPECT_GE(agree * 4, ref.size() * 3) << GetParam() << " prompt " << len << ": greedy agreed "
-                                         << agree << " of " << ref.size();
+    EXPECT_GE(agree * 4, ref.size() * 3)
+        << GetParam() << " prompt " << len << ": greedy agreed " << agree << " of " << ref.size();
     std::printf(
         "[fp8-vs-cpu] %s prompt %zu: max diff %.3g of the largest logit (bf16 GPU %.3g), greedy "
         "%zu of %zu\n",

@@ -124,9 +124,9 @@ TEST_F(Fp8Test, ProductMatchesCodesMultipliedOut) {
   };
   for (bool outer_vec : {true, false}) {
     cuda::Fp8Gemm gemm(workspace, ws_bytes, outer_vec);
-    for (const Shape s : {Shape{64, 48, 1}, Shape{160, 64, 3}, Shape{64, 160, 8},
-                          Shape{4096, 1024, 8}, Shape{1024, 4096, 17}, Shape{256, 128, 64},
-                          Shape{512, 256, 300}}) {
+    for (const Shape s :
+         {Shape{64, 48, 1}, Shape{160, 64, 3}, Shape{64, 160, 8}, Shape{4096, 1024, 8},
+          Shape{1024, 4096, 17}, Shape{256, 128, 64}, Shape{512, 256, 300}}) {
       std::vector<uint16_t> w(s.n_out * s.n_in);
       std::vector<float> x(s.n_rows * s.n_in);
       for (auto& v : w) v = f32_to_bf16(std::normal_distribution<float>(0.0f, 0.05f)(rng));
@@ -137,10 +137,8 @@ TEST_F(Fp8Test, ProductMatchesCodesMultipliedOut) {
       DeviceBuffer<float> ws(s.n_out), xs(s.n_rows), y(s.n_rows * s.n_out);
       DeviceBuffer<uint8_t> scratch(std::max<size_t>(gemm.scratch_bytes(s.n_out, s.n_rows), 1));
       y.poison();
-      cuda::quantize_fp8_rows(dw.get(), DType::BF16, s.n_out, s.n_in, wc.get(), ws.get(),
-                              nullptr);
-      cuda::quantize_fp8_rows(dx.get(), DType::F32, s.n_rows, s.n_in, xc.get(), xs.get(),
-                              nullptr);
+      cuda::quantize_fp8_rows(dw.get(), DType::BF16, s.n_out, s.n_in, wc.get(), ws.get(), nullptr);
+      cuda::quantize_fp8_rows(dx.get(), DType::F32, s.n_rows, s.n_in, xc.get(), xs.get(), nullptr);
       gemm.product(wc.get(), ws.get(), xc.get(), xs.get(), s.n_in, s.n_out, s.n_rows, y.get(),
                    scratch.get(), nullptr);
       const bool bf16_sums = gemm.scratch_bytes(s.n_out, s.n_rows) > 0 &&
@@ -169,8 +167,8 @@ TEST_F(Fp8Test, ProductMatchesCodesMultipliedOut) {
           if (bf16_sums) tol += std::ldexp(std::fabs(want), -8);
           const double g = got[r * s.n_out + j];
           if (!(std::fabs(g - want) <= tol) && ++bad <= 5)
-            ADD_FAILURE() << s.n_in << "->" << s.n_out << " x" << s.n_rows << " (" << r << ", "
-                          << j << "): " << g << " against " << want << " (tol " << tol << ")";
+            ADD_FAILURE() << s.n_in << "->" << s.n_out << " x" << s.n_rows << " (" << r << ", " << j
+                          << "): " << g << " against " << want << " (tol " << tol << ")";
         }
       EXPECT_EQ(bad, 0u) << s.n_in << "->" << s.n_out << " x" << s.n_rows << " outer_vec "
                          << outer_vec;
@@ -201,8 +199,7 @@ TEST_F(Fp8Test, DecodeKernelMatchesCodesMultipliedOut) {
       DeviceBuffer<uint8_t> wc(s.n_out * s.n_in);
       DeviceBuffer<float> ws(s.n_out), y(n_rows * s.n_out);
       y.poison();
-      cuda::quantize_fp8_rows(dw.get(), DType::BF16, s.n_out, s.n_in, wc.get(), ws.get(),
-                              nullptr);
+      cuda::quantize_fp8_rows(dw.get(), DType::BF16, s.n_out, s.n_in, wc.get(), ws.get(), nullptr);
       cuda::gemv_fp8(wc.get(), ws.get(), dx.get(), s.n_in, s.n_out, n_rows, y.get(), nullptr);
       const std::vector<uint8_t> hw = wc.download();
       const std::vector<float> hws = ws.download(), got = y.download();
@@ -219,8 +216,8 @@ TEST_F(Fp8Test, DecodeKernelMatchesCodesMultipliedOut) {
           const double want = sum * hws[j], tol = std::ldexp(mag, -16) * hws[j];
           const double g = got[r * s.n_out + j];
           if (!(std::fabs(g - want) <= tol) && ++bad <= 5)
-            ADD_FAILURE() << s.n_in << "->" << s.n_out << " x" << n_rows << " (" << r << ", "
-                          << j << "): " << g << " against " << want << " (tol " << tol << ")";
+            ADD_FAILURE() << s.n_in << "->" << s.n_out << " x" << n_rows << " (" << r << ", " << j
+                          << "): " << g << " against " << want << " (tol " << tol << ")";
         }
       EXPECT_EQ(bad, 0u) << s.n_in << "->" << s.n_out << " x" << n_rows;
     }
