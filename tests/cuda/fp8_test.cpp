@@ -29,6 +29,22 @@ float e4m3_value(uint8_t c) {
 
 // What quantize_fp8_rows must give for one row (fp8.h's definition; the
 // rounding is cuda_fp8.h's host conversion, the device uses the hardware's).
+// Row j of E4M3 weight codes (w, [.., n] row-major) against x(k) in double:
+// the exact sum and the sum of |terms|, which bounds an f32 sum's error.
+struct RefDot {
+  double sum = 0, mag = 0;
+};
+template <typename X>
+RefDot ref_dot(const std::vector<uint8_t>& w, size_t j, size_t n, X x) {
+  RefDot d;
+  for (size_t k = 0; k < n; ++k) {
+    const double t = double(e4m3_value(w[j * n + k])) * x(k);
+    d.sum += t;
+    d.mag += std::fabs(t);
+  }
+  return d;
+}
+
 void host_quantize(const std::vector<float>& row, std::vector<uint8_t>& codes, float& scale) {
   float a = 0.0f;
   for (float v : row) a = std::fmax(a, std::fabs(v));
@@ -154,13 +170,8 @@ TEST_F(Fp8Test, ProductMatchesCodesMultipliedOut) {
       size_t bad = 0;
       for (size_t r = 0; r < s.n_rows; ++r)
         for (size_t j = 0; j < s.n_out; ++j) {
-          double sum = 0, mag = 0;
-          for (size_t k = 0; k < s.n_in; ++k) {
-            const double t =
-                double(e4m3_value(hw[j * s.n_in + k])) * e4m3_value(hx[r * s.n_in + k]);
-            sum += t;
-            mag += std::fabs(t);
-          }
+          const auto [sum, mag] =
+              ref_dot(hw, j, s.n_in, [&](size_t k) { return e4m3_value(hx[r * s.n_in + k]); });
           const double scale = double(hxs[r]) * hws[j];
           const double want = sum * scale;
           double tol = std::ldexp(mag, -10) * scale;
@@ -206,13 +217,8 @@ TEST_F(Fp8Test, DecodeKernelMatchesCodesMultipliedOut) {
       size_t bad = 0;
       for (size_t r = 0; r < n_rows; ++r)
         for (size_t j = 0; j < s.n_out; ++j) {
-          double sum = 0, mag = 0;
-          for (size_t k = 0; k < s.n_in; ++k) {
-            const double t =
-                double(e4m3_value(hw[j * s.n_in + k])) * bf16_to_f32(x[r * s.n_in + k]);
-            sum += t;
-            mag += std::fabs(t);
-          }
+          const auto [sum, mag] =
+              ref_dot(hw, j, s.n_in, [&](size_t k) { return bf16_to_f32(x[r * s.n_in + k]); });
           const double want = sum * hws[j], tol = std::ldexp(mag, -16) * hws[j];
           const double g = got[r * s.n_out + j];
           if (!(std::fabs(g - want) <= tol) && ++bad <= 5)
