@@ -37,7 +37,10 @@ void quantize_fp8_rows(const void* x, DType type, size_t n_rows, size_t n, uint8
 // E4M3 weights w [n_out, n_in] (n_in a multiple of 16), products and sums
 // in f32: the activations are not rounded to FP8. Reads each code once,
 // so it runs near the copy bandwidth where cuBLASLt's small-batch FP8
-// kernels and the quantize and scale launches around them do not.
+// kernels and the quantize and scale launches around them do not. Its
+// first weights are loaded before the kernel's dependency wait (as every
+// product's are), so w must not be written by work still running on the
+// stream when it launches (the backend quantizes weights at load time).
 inline constexpr size_t kFp8GemvRows = 8;
 void gemv_fp8(const uint8_t* w, const float* w_scales, const uint16_t* x, size_t n_in, size_t n_out,
               size_t n_rows, float* y, cudaStream_t stream);

@@ -571,16 +571,18 @@ TEST(GpuGraphs, FastModeReplaysCublasBitForBit) {
   }
 }
 
-// --fp8 (fast mode): the layers' weights and each product's activations
-// rounded to E4M3, whose 3 mantissa bits leave a relative error of up to
-// 2^-4 per value (about 3.6% rms for both factors of every term), so a
-// product's output moves by a few percent and the logits by more after the
-// layers. The bound, kFp8Tolerance of the largest logit, is about twice
-// what these tiny models measured (docs/CUDA.md, "FP8 weights"), and the
-// greedy token must be the CPU's at three steps in four or more. The
-// FP8 logits must also differ from the same GPU's bf16 ones (else the FP8
-// path did not run), and a graph's replay must give the direct run's bits.
-constexpr double kFp8Tolerance = 0.25;
+// --fp8 (fast mode): the layers' weights rounded to E4M3 (and, in steps of
+// more than 8 rows, each product's activations too), whose 3 mantissa bits
+// leave a relative error of up to 2^-4 per value, so a product's output
+// moves by a few percent and the logits by more after the layers; these
+// tiny models (hidden 64) average little of it out. On an H100 (2026-12-06)
+// they measured 0.066-0.171 of the largest logit and greedy agreement of
+// 18-24 of 24 steps on each prompt. The bound, kFp8Tolerance, is twice the
+// largest measured difference, and the greedy token must be the CPU's at
+// two steps in three or more (near-ties flip within the error). The FP8
+// logits must also differ from the same GPU's bf16 ones (else the FP8 path
+// did not run), and a graph's replay must give the direct run's bits.
+constexpr double kFp8Tolerance = 0.35;
 
 class TinyFp8Test : public ::testing::TestWithParam<const char*> {};
 
@@ -614,7 +616,7 @@ TEST_P(TinyFp8Test, LogitsNearCpuAndReplaysBitForBit) {
     size_t agree = 0;
     for (size_t s = 0; s < ref.size(); ++s)
       agree += argmax(ref[s].data(), ref[s].size()) == argmax(got[s].data(), got[s].size());
-    EXPECT_GE(agree * 4, ref.size() * 3)
+    EXPECT_GE(agree * 3, ref.size() * 2)
         << GetParam() << " prompt " << len << ": greedy agreed " << agree << " of " << ref.size();
     std::printf(
         "[fp8-vs-cpu] %s prompt %zu: max diff %.3g of the largest logit (bf16 GPU %.3g), greedy "

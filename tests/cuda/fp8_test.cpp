@@ -211,6 +211,10 @@ TEST_F(Fp8Test, DecodeKernelMatchesCodesMultipliedOut) {
       DeviceBuffer<float> ws(s.n_out), y(n_rows * s.n_out);
       y.poison();
       cuda::quantize_fp8_rows(dw.get(), DType::BF16, s.n_out, s.n_in, wc.get(), ws.get(), nullptr);
+      // gemv_fp8 reads its first weights before its dependency wait (they
+      // are settled when the backend runs it), so they must be written
+      // before it launches, not by the kernel just ahead of it.
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       cuda::gemv_fp8(wc.get(), ws.get(), dx.get(), s.n_in, s.n_out, n_rows, y.get(), nullptr);
       const std::vector<uint8_t> hw = wc.download();
       const std::vector<float> hws = ws.download(), got = y.download();
