@@ -211,12 +211,15 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     };
     const size_t at = static_cast<size_t>(r) * n_out + j;
     if constexpr (kSwiglu) {
-      const float g = sum(c * R + r) * jobs.sw[0][j], u = sum((kCols + c) * R + r) * jobs.sw[1][j];
+      // (__fmul_rn: no contraction into the gating's arithmetic, so the
+      // bits are those of the product alone followed by silu_mul.)
+      const float g = __fmul_rn(sum(c * R + r), jobs.sw[0][j]);
+      const float u = __fmul_rn(sum((kCols + c) * R + r), jobs.sw[1][j]);
       const float v = silu_mul_one(g, u);
       jobs.y[0][at] = v;
       if (jobs.gate_bf16) jobs.gate_bf16[at] = detail::f2bf(v);
     } else {
-      jobs.y[wi][at] = sum(threadIdx.x) * jobs.sw[wi][j];
+      jobs.y[wi][at] = __fmul_rn(sum(threadIdx.x), jobs.sw[wi][j]);
     }
   }
 }
