@@ -600,8 +600,6 @@ class CudaBackend final : public model::Backend {
     }
     Int8Rows xq;  // x quantized for int8 mode, made on first use
     Fp8Rows x8;   // x quantized for --fp8, made on first use
-    std::array<Fp8GemvOut, kFp8GemvMaxWeights> gemv;  // --fp8 decode products
-    size_t n_gemv = 0;
     // Weights of one type wait here to share one launch: dense ones for
     // the tensor-core kernel, Q4_K / Q6_K ones for int8 mode's.
     auto tc_wait = pending<uint16_t>([&](const auto& p) {
@@ -615,10 +613,10 @@ class CudaBackend final : public model::Backend {
     for (size_t i = 0; i < ws.size(); ++i) {
       const kernels::WeightView& w = ws[i];
       const bool small = opts_.deterministic || n_rows <= kFastMatvecRows;
-      if (w.type == kFp8 && n_rows <= kFp8GemvRows && n_gemv < kFp8GemvMaxWeights) {
-        // Decode: the codes against x's bf16 copy, the call's weights in
-        // one launch.
-        gemv[n_gemv++] = {fp8_codes(w), fp8_scales(w), w.n_out, ys[i]};
+      if (w.type == kFp8 && n_rows <= kFp8GemvRows) {
+        // Decode: the codes against x's bf16 copy, one launch.
+        if (!xb) xb = to_bf16(x, n_rows * w.n_in);
+        gemv_fp8(fp8_codes(w), fp8_scales(w), xb, w.n_in, w.n_out, n_rows, ys[i], stream_);
       } else if (w.type == kFp8) {
         if (!x8.codes) x8 = quantize_fp8(x, n_rows, w.n_in, ws);
         fp8_->product(fp8_codes(w), fp8_scales(w), x8.codes, x8.scales, w.n_in, w.n_out, n_rows,
@@ -640,10 +638,6 @@ class CudaBackend final : public model::Backend {
     }
     tc_wait.flush();
     q8_wait.flush();
-    if (n_gemv) {
-      if (!xb) xb = to_bf16(x, n_rows * ws[0].n_in);
-      gemv_fp8_many({gemv.data(), n_gemv}, xb, ws[0].n_in, n_rows, stream_);
-    }
   }
 
   // Int8 mode (--matmul int8, the CLI's default) takes Q4_K and Q6_K weights
@@ -793,19 +787,6 @@ class CudaBackend final : public model::Backend {
                     const float* x, size_t n_rows, float* gate, float* up) override {
     if (replaying()) return;
     const size_t n_in = w_gate.n_in, F = w_gate.n_out;
-    if (w_gate.type == kFp8 && w_up.type == kFp8 && n_rows <= kFp8GemvRows && w_up.n_in == n_in &&
-        w_up.n_out == F) {
-      // --fp8 decode: both products and the gating in one launch.
-      const uint16_t* xb = bf16_copy_of(x, n_rows * n_in);
-      mark("matmul");
-      if (!xb) xb = to_bf16(x, n_rows * n_in);
-      auto* gate_b = static_cast<uint16_t*>(xtc_out_.get(n_rows * F * 2, stream_));
-      gemv_fp8_swiglu({fp8_codes(w_gate), fp8_scales(w_gate), F, gate},
-                      {fp8_codes(w_up), fp8_scales(w_up), F, up}, xb, n_in, n_rows, gate_b,
-                      stream_);
-      bf16_copy_ = {gate, n_rows * F, gate_b};
-      return;
-    }
     const bool fuse = dense_weights_ && (opts_.deterministic || n_rows <= kFastMatvecRows) &&
                       w_gate.type == DType::BF16 && w_up.type == DType::BF16 && w_up.n_in == n_in &&
                       w_up.n_out == F && cuda::matmul_tc_swiglu_applies(n_in, F, n_rows);

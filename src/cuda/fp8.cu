@@ -2,7 +2,6 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <span>
 
 #include "core/error.h"
 #include "cuda/common_impl.cuh"
@@ -13,7 +12,6 @@ namespace {
 
 using detail::dependency_wait;
 using detail::launch;
-using detail::silu_mul_one;
 
 constexpr int kQuantThreads = 1024;
 // Rows of F32 values up to this long (a multiple of 4, 16-byte aligned)
@@ -108,20 +106,8 @@ __global__ void scale_fp8_kernel(const void* __restrict__ acc, const float* __re
 // walks 512-value stretches w, w + kGemvWarps, ... of k (a lane 16 values:
 // one 16-byte load of codes per column), and the warps' partial sums meet
 // in shared memory. Many small blocks keep every SM's loads in flight even
-// for the narrow products (K and V: 1,024 columns). The products of one
-// input (Q, K, V; gate, up) share a launch: consecutive ranges of blocks
-// take one weight each. With the SwiGLU epilogue a block takes C / 2
-// columns of gate and the same of up and writes silu(gate) * up.
+// for the narrow products (K and V: 1,024 columns).
 constexpr int kGemvWarps = 8;
-
-struct GemvJobs {
-  const uint8_t* w[kFp8GemvMaxWeights];
-  const float* sw[kFp8GemvMaxWeights];
-  float* y[kFp8GemvMaxWeights];
-  uint32_t n_out[kFp8GemvMaxWeights];
-  uint32_t first_block[kFp8GemvMaxWeights + 1];  // weight i: blocks [first[i], first[i + 1])
-  uint16_t* gate_bf16;                           // SwiGLU: the output's bf16 rounding (or null)
-};
 
 __device__ __forceinline__ void e4m3x16_to_f32(const uint4& v, float (&f)[16]) {
   const uint32_t u[4] = {v.x, v.y, v.z, v.w};
@@ -138,24 +124,16 @@ __device__ __forceinline__ void e4m3x16_to_f32(const uint4& v, float (&f)[16]) {
   }
 }
 
-template <int R, int C, bool kSwiglu>
+template <int R, int C>
 __global__ void __launch_bounds__(kGemvWarps * 32)
-    gemv_fp8_kernel(const GemvJobs jobs, const uint16_t* __restrict__ x, uint32_t n_in) {
+    gemv_fp8_kernel(const uint8_t* __restrict__ w, const float* __restrict__ sw,
+                    const uint16_t* __restrict__ x, uint32_t n_in, uint32_t n_out,
+                    float* __restrict__ y) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  // This block's weight (SwiGLU: gate, with up beside it) and columns.
-  int wi = 0;
-  if constexpr (!kSwiglu)
-#pragma unroll
-    for (int i = 1; i < kFp8GemvMaxWeights; ++i) wi += blockIdx.x >= jobs.first_block[i];
-  constexpr int kCols = kSwiglu ? C / 2 : C;  // columns of each weight a block takes
-  const uint32_t n_out = jobs.n_out[wi];
-  const uint32_t j0 = (blockIdx.x - jobs.first_block[wi]) * kCols;
+  const uint32_t j0 = blockIdx.x * C;
   const uint8_t* wr[C];
 #pragma unroll
-  for (int c = 0; c < C; ++c) {
-    const int i = kSwiglu ? c / kCols : wi;
-    wr[c] = jobs.w[i] + static_cast<size_t>(min(j0 + c % kCols, n_out - 1)) * n_in;
-  }
+  for (int c = 0; c < C; ++c) wr[c] = w + static_cast<size_t>(min(j0 + c, n_out - 1)) * n_in;
   float acc[C][R] = {};
   uint32_t k = (warp * 32 + lane) * 16;
   constexpr uint32_t kStep = kGemvWarps * 512;
@@ -198,64 +176,22 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
       if (lane == 0) part[warp][c * R + r] = v;
     }
   __syncthreads();
-  // Thread t < kCols * R: column c = t / R of this block's range, row t % R.
-  if (threadIdx.x < kCols * R) {
+  if (threadIdx.x < C * R) {
     const int c = threadIdx.x / R, r = threadIdx.x % R;
-    const uint32_t j = j0 + c;
-    if (j >= n_out) return;
-    const auto sum = [&](int slot) {
-      float v = 0.0f;
+    float v = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kGemvWarps; ++i) v += part[i][slot];
-      return v;
-    };
-    const size_t at = static_cast<size_t>(r) * n_out + j;
-    if constexpr (kSwiglu) {
-      // (__fmul_rn: no contraction into the gating's arithmetic, so the
-      // bits are those of the product alone followed by silu_mul.)
-      const float g = __fmul_rn(sum(c * R + r), jobs.sw[0][j]);
-      const float u = __fmul_rn(sum((kCols + c) * R + r), jobs.sw[1][j]);
-      const float v = silu_mul_one(g, u);
-      jobs.y[0][at] = v;
-      if (jobs.gate_bf16) jobs.gate_bf16[at] = detail::f2bf(v);
-    } else {
-      jobs.y[wi][at] = __fmul_rn(sum(threadIdx.x), jobs.sw[wi][j]);
-    }
+    for (int i = 0; i < kGemvWarps; ++i) v += part[i][threadIdx.x];
+    if (j0 + c < n_out) y[static_cast<size_t>(r) * n_out + j0 + c] = v * sw[j0 + c];
   }
 }
 
-template <bool kSwiglu, int R>
-void gemv_rows(const GemvJobs& jobs, const uint16_t* x, uint32_t n_in, unsigned blocks,
-               cudaStream_t stream) {
+template <int R>
+void gemv_rows(const uint8_t* w, const float* sw, const uint16_t* x, uint32_t n_in, uint32_t n_out,
+               float* y, cudaStream_t stream) {
   constexpr int C = R <= 2 ? 2 : 4;
-  launch("gemv_fp8", gemv_fp8_kernel<R, C, kSwiglu>, blocks, kGemvWarps * 32, 0, stream, jobs, x,
-         n_in);
-}
-
-// Runs gemv_fp8_kernel for n_rows (1..kFp8GemvRows) rows: the row count is
-// a template argument, so each count has its own unrolled kernel.
-template <bool kSwiglu>
-void gemv_dispatch(GemvJobs& jobs, int n, const uint16_t* x, uint32_t n_in, size_t n_rows,
-                   cudaStream_t stream) {
-  const uint32_t cols = n_rows <= 2 ? 2 : 4;  // C of gemv_rows
-  const uint32_t per_block = kSwiglu ? cols / 2 : cols;
-  uint32_t b = 0;
-  for (int i = 0; i < kFp8GemvMaxWeights; ++i) {
-    jobs.first_block[i] = b;
-    if (i < n) b += (jobs.n_out[i] + per_block - 1) / per_block;
-  }
-  jobs.first_block[kFp8GemvMaxWeights] = b;
-  using Launch = void (*)(const GemvJobs&, const uint16_t*, uint32_t, unsigned, cudaStream_t);
-  static constexpr Launch kByRows[kFp8GemvRows] = {
-      gemv_rows<kSwiglu, 1>, gemv_rows<kSwiglu, 2>, gemv_rows<kSwiglu, 3>, gemv_rows<kSwiglu, 4>,
-      gemv_rows<kSwiglu, 5>, gemv_rows<kSwiglu, 6>, gemv_rows<kSwiglu, 7>, gemv_rows<kSwiglu, 8>};
-  kByRows[n_rows - 1](jobs, x, n_in, b, stream);
-}
-
-void check_gemv(size_t n_in, size_t n_out, size_t n_rows) {
-  FERRY_CHECK(n_rows >= 1 && n_rows <= kFp8GemvRows && n_in % 16 == 0 &&
-                  n_in < (size_t{1} << 31) && n_out >= 1 && n_out < (size_t{1} << 24),
-              "fp8", "gemv_fp8: ", n_rows, " rows of ", n_in, " -> ", n_out);
+  const unsigned blocks = (n_out + C - 1) / C;
+  launch("gemv_fp8", gemv_fp8_kernel<R, C>, blocks, kGemvWarps * 32, 0, stream, w, sw, x, n_in,
+         n_out, y);
 }
 
 }  // namespace
@@ -294,44 +230,31 @@ void quantize_fp8_rows(const void* x, DType type, size_t n_rows, size_t n, uint8
   }
 }
 
-void gemv_fp8_many(std::span<const Fp8GemvOut> outs, const uint16_t* x, size_t n_in,
-                   size_t n_rows, cudaStream_t stream) {
-  if (n_rows == 0 || outs.empty()) return;
-  FERRY_CHECK(outs.size() <= kFp8GemvMaxWeights, "fp8", "gemv_fp8: ", outs.size(),
-              " weights in one launch");
-  GemvJobs jobs{};
-  for (size_t i = 0; i < outs.size(); ++i) {
-    check_gemv(n_in, outs[i].n_out, n_rows);
-    jobs.w[i] = outs[i].w;
-    jobs.sw[i] = outs[i].w_scales;
-    jobs.y[i] = outs[i].y;
-    jobs.n_out[i] = static_cast<uint32_t>(outs[i].n_out);
-  }
-  gemv_dispatch<false>(jobs, static_cast<int>(outs.size()), x, static_cast<uint32_t>(n_in), n_rows,
-                       stream);
-}
-
 void gemv_fp8(const uint8_t* w, const float* w_scales, const uint16_t* x, size_t n_in, size_t n_out,
               size_t n_rows, float* y, cudaStream_t stream) {
-  const Fp8GemvOut out{w, w_scales, n_out, y};
-  gemv_fp8_many({&out, 1}, x, n_in, n_rows, stream);
-}
-
-void gemv_fp8_swiglu(const Fp8GemvOut& gate, const Fp8GemvOut& up, const uint16_t* x, size_t n_in,
-                     size_t n_rows, uint16_t* gate_bf16, cudaStream_t stream) {
-  if (n_rows == 0) return;
-  check_gemv(n_in, gate.n_out, n_rows);
-  FERRY_CHECK(up.n_out == gate.n_out, "fp8", "gemv_fp8_swiglu: gate has ", gate.n_out,
-              " outputs, up ", up.n_out);
-  GemvJobs jobs{};
-  jobs.w[0] = gate.w;
-  jobs.w[1] = up.w;
-  jobs.sw[0] = gate.w_scales;
-  jobs.sw[1] = up.w_scales;
-  jobs.y[0] = gate.y;
-  jobs.n_out[0] = static_cast<uint32_t>(gate.n_out);
-  jobs.gate_bf16 = gate_bf16;
-  gemv_dispatch<true>(jobs, 1, x, static_cast<uint32_t>(n_in), n_rows, stream);
+  if (n_rows == 0 || n_out == 0) return;
+  FERRY_CHECK(n_rows <= kFp8GemvRows && n_in % 16 == 0 && n_in < (size_t{1} << 31) &&
+                  n_out < (size_t{1} << 31),
+              "fp8", "gemv_fp8: ", n_rows, " rows of ", n_in, " -> ", n_out);
+  const uint32_t k = static_cast<uint32_t>(n_in), j = static_cast<uint32_t>(n_out);
+  switch (n_rows) {
+    case 1:
+      return gemv_rows<1>(w, w_scales, x, k, j, y, stream);
+    case 2:
+      return gemv_rows<2>(w, w_scales, x, k, j, y, stream);
+    case 3:
+      return gemv_rows<3>(w, w_scales, x, k, j, y, stream);
+    case 4:
+      return gemv_rows<4>(w, w_scales, x, k, j, y, stream);
+    case 5:
+      return gemv_rows<5>(w, w_scales, x, k, j, y, stream);
+    case 6:
+      return gemv_rows<6>(w, w_scales, x, k, j, y, stream);
+    case 7:
+      return gemv_rows<7>(w, w_scales, x, k, j, y, stream);
+    default:
+      return gemv_rows<8>(w, w_scales, x, k, j, y, stream);
+  }
 }
 
 void scale_fp8_product(const void* acc, bool acc_bf16, const float* row_scale,

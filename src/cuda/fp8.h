@@ -12,7 +12,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <span>
 
 #include "core/dtype.h"
 
@@ -45,28 +44,6 @@ void quantize_fp8_rows(const void* x, DType type, size_t n_rows, size_t n, uint8
 inline constexpr size_t kFp8GemvRows = 8;
 void gemv_fp8(const uint8_t* w, const float* w_scales, const uint16_t* x, size_t n_in, size_t n_out,
               size_t n_rows, float* y, cudaStream_t stream);
-
-// One E4M3 weight of gemv_fp8_many / gemv_fp8_swiglu: codes [n_out, n_in],
-// a scale per column, and where its [n_rows, n_out] f32 product goes.
-struct Fp8GemvOut {
-  const uint8_t* w;
-  const float* w_scales;
-  size_t n_out;
-  float* y;
-};
-inline constexpr int kFp8GemvMaxWeights = 3;
-
-// gemv_fp8 for up to kFp8GemvMaxWeights weights of one input (Q, K, V;
-// gate, up) in one launch; each output's arithmetic is gemv_fp8's.
-void gemv_fp8_many(std::span<const Fp8GemvOut> outs, const uint16_t* x, size_t n_in, size_t n_rows,
-                   cudaStream_t stream);
-
-// The FFN's gate and up products with SwiGLU's gating in the epilogue:
-// gate.y = silu(x Wg^T * sg) * (x Wu^T * su), each product gemv_fp8's and
-// the gating silu_mul's formula; gate_bf16 (if not null) gets its bf16
-// rounding for the down product. up.y is not written.
-void gemv_fp8_swiglu(const Fp8GemvOut& gate, const Fp8GemvOut& up, const uint16_t* x, size_t n_in,
-                     size_t n_rows, uint16_t* gate_bf16, cudaStream_t stream);
 
 // y[r, j] = acc[r, j] * (row_scale[r] * col_scale[j]) for [n_rows, n_out]
 // products; acc is f32 or bf16 (acc_bf16) and may be y itself when f32.

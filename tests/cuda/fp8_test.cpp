@@ -9,13 +9,10 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <random>
-#include <utility>
 #include <vector>
 
 #include "core/half.h"
-#include "cuda/cuda_ops.h"
 #include "cuda/fp8.h"
 #include "cuda_test_util.h"
 
@@ -233,74 +230,6 @@ TEST_F(Fp8Test, DecodeKernelMatchesCodesMultipliedOut) {
                           << "): " << g << " against " << want << " (tol " << tol << ")";
         }
       EXPECT_EQ(bad, 0u) << s.n_in << "->" << s.n_out << " x" << n_rows;
-    }
-}
-
-// The launches that share one input: gemv_fp8_many gives each weight the
-// bits gemv_fp8 gives it alone (Q, K, V of the 8B shape, and uneven column
-// counts), and gemv_fp8_swiglu gives the bits of gate and up alone followed
-// by the silu_mul kernel, with the bf16 rounding of each result.
-TEST_F(Fp8Test, SharedLaunchesGiveTheSingleProductsBits) {
-  std::mt19937 rng(11);
-  const auto codes = [&](size_t n_out, size_t n_in, DeviceBuffer<uint8_t>& c,
-                         DeviceBuffer<float>& sc) {
-    std::vector<uint16_t> w(n_out * n_in);
-    for (auto& v : w) v = f32_to_bf16(std::normal_distribution<float>(0.0f, 0.05f)(rng));
-    DeviceBuffer<uint16_t> dw(w);
-    cuda::quantize_fp8_rows(dw.get(), DType::BF16, n_out, n_in, c.get(), sc.get(), nullptr);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // read before the kernel's wait
-  };
-  struct Shape {
-    size_t n_in, n_out[3];
-  };
-  for (const Shape s : {Shape{4096, {4096, 1024, 1024}}, Shape{160, {33, 64, 7}}})
-    for (size_t n_rows : {size_t{1}, size_t{3}, cuda::kFp8GemvRows}) {
-      std::vector<uint16_t> x(n_rows * s.n_in);
-      for (auto& v : x) v = f32_to_bf16(std::normal_distribution<float>(0.0f, 2.0f)(rng));
-      DeviceBuffer<uint16_t> dx(x);
-      std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> c;
-      std::vector<std::unique_ptr<DeviceBuffer<float>>> sc, alone, shared;
-      std::vector<cuda::Fp8GemvOut> outs;
-      for (size_t n_out : s.n_out) {
-        c.push_back(std::make_unique<DeviceBuffer<uint8_t>>(n_out * s.n_in));
-        sc.push_back(std::make_unique<DeviceBuffer<float>>(n_out));
-        alone.push_back(std::make_unique<DeviceBuffer<float>>(n_rows * n_out));
-        shared.push_back(std::make_unique<DeviceBuffer<float>>(n_rows * n_out));
-        codes(n_out, s.n_in, *c.back(), *sc.back());
-        shared.back()->poison();
-        cuda::gemv_fp8(c.back()->get(), sc.back()->get(), dx.get(), s.n_in, n_out, n_rows,
-                       alone.back()->get(), nullptr);
-        outs.push_back({c.back()->get(), sc.back()->get(), n_out, shared.back()->get()});
-      }
-      cuda::gemv_fp8_many(outs, dx.get(), s.n_in, n_rows, nullptr);
-      for (size_t i = 0; i < outs.size(); ++i) {
-        const std::vector<float> a = alone[i]->download(), b = shared[i]->download();
-        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
-            << s.n_in << " weight " << i << " x" << n_rows;
-      }
-    }
-  // SwiGLU: gate and up of the 8B FFN's shape and a small uneven one.
-  for (const auto& [n_in, F] : {std::pair<size_t, size_t>{4096, 14336}, {64, 37}})
-    for (size_t n_rows : {size_t{1}, size_t{2}, size_t{5}, cuda::kFp8GemvRows}) {
-      std::vector<uint16_t> x(n_rows * n_in);
-      for (auto& v : x) v = f32_to_bf16(std::normal_distribution<float>(0.0f, 2.0f)(rng));
-      DeviceBuffer<uint16_t> dx(x);
-      DeviceBuffer<uint8_t> gc(F * n_in), uc(F * n_in);
-      DeviceBuffer<float> gs(F), us(F), g(n_rows * F), u(n_rows * F), fused(n_rows * F);
-      DeviceBuffer<uint16_t> fused_b(n_rows * F), want_b(n_rows * F);
-      codes(F, n_in, gc, gs);
-      codes(F, n_in, uc, us);
-      fused.poison();
-      fused_b.poison();
-      cuda::gemv_fp8(gc.get(), gs.get(), dx.get(), n_in, F, n_rows, g.get(), nullptr);
-      cuda::gemv_fp8(uc.get(), us.get(), dx.get(), n_in, F, n_rows, u.get(), nullptr);
-      cuda::silu_mul(g.get(), u.get(), n_rows * F, nullptr, want_b.get());
-      cuda::gemv_fp8_swiglu({gc.get(), gs.get(), F, fused.get()}, {uc.get(), us.get(), F, nullptr},
-                            dx.get(), n_in, n_rows, fused_b.get(), nullptr);
-      const std::vector<float> want = g.download(), got = fused.download();
-      EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
-          << n_in << "->" << F << " x" << n_rows;
-      EXPECT_EQ(want_b.download(), fused_b.download()) << n_in << "->" << F << " x" << n_rows;
     }
 }
 
