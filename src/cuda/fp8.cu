@@ -236,25 +236,14 @@ void gemv_fp8(const uint8_t* w, const float* w_scales, const uint16_t* x, size_t
   FERRY_CHECK(n_rows <= kFp8GemvRows && n_in % 16 == 0 && n_in < (size_t{1} << 31) &&
                   n_out < (size_t{1} << 31),
               "fp8", "gemv_fp8: ", n_rows, " rows of ", n_in, " -> ", n_out);
-  const uint32_t k = static_cast<uint32_t>(n_in), j = static_cast<uint32_t>(n_out);
-  switch (n_rows) {
-    case 1:
-      return gemv_rows<1>(w, w_scales, x, k, j, y, stream);
-    case 2:
-      return gemv_rows<2>(w, w_scales, x, k, j, y, stream);
-    case 3:
-      return gemv_rows<3>(w, w_scales, x, k, j, y, stream);
-    case 4:
-      return gemv_rows<4>(w, w_scales, x, k, j, y, stream);
-    case 5:
-      return gemv_rows<5>(w, w_scales, x, k, j, y, stream);
-    case 6:
-      return gemv_rows<6>(w, w_scales, x, k, j, y, stream);
-    case 7:
-      return gemv_rows<7>(w, w_scales, x, k, j, y, stream);
-    default:
-      return gemv_rows<8>(w, w_scales, x, k, j, y, stream);
-  }
+  // One unrolled kernel per row count.
+  using Launch = void (*)(const uint8_t*, const float*, const uint16_t*, uint32_t, uint32_t, float*,
+                          cudaStream_t);
+  static constexpr Launch kByRows[kFp8GemvRows] = {gemv_rows<1>, gemv_rows<2>, gemv_rows<3>,
+                                                   gemv_rows<4>, gemv_rows<5>, gemv_rows<6>,
+                                                   gemv_rows<7>, gemv_rows<8>};
+  kByRows[n_rows - 1](w, w_scales, x, static_cast<uint32_t>(n_in), static_cast<uint32_t>(n_out), y,
+                      stream);
 }
 
 void scale_fp8_product(const void* acc, bool acc_bf16, const float* row_scale,

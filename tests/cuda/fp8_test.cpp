@@ -27,8 +27,6 @@ float e4m3_value(uint8_t c) {
   return static_cast<float>(v);
 }
 
-// What quantize_fp8_rows must give for one row (fp8.h's definition; the
-// rounding is cuda_fp8.h's host conversion, the device uses the hardware's).
 // Row j of E4M3 weight codes (w, [.., n] row-major) against x(k) in double:
 // the exact sum and the sum of |terms|, which bounds an f32 sum's error.
 struct RefDot {
@@ -45,6 +43,8 @@ RefDot ref_dot(const std::vector<uint8_t>& w, size_t j, size_t n, X x) {
   return d;
 }
 
+// What quantize_fp8_rows must give for one row (fp8.h's definition; the
+// rounding is cuda_fp8.h's host conversion, the device uses the hardware's).
 void host_quantize(const std::vector<float>& row, std::vector<uint8_t>& codes, float& scale) {
   float a = 0.0f;
   for (float v : row) a = std::fmax(a, std::fabs(v));
