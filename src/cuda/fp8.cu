@@ -2,13 +2,10 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "core/error.h"
 #include "cuda/common_impl.cuh"
 #include "cuda/fp8.h"
-#include "cuda/matmul_tc.cuh"
-#include "cuda/ptx_impl.cuh"
 
 namespace ferry::cuda {
 namespace {
@@ -197,128 +194,6 @@ void gemv_rows(const uint8_t* w, const float* sw, const uint16_t* x, uint32_t n_
          n_out, y);
 }
 
-// Steps of a few dozen rows (matmul_fp8): both operands E4M3, one
-// m16n8k32 FP8 mma per 32 k, in matmul_tc's orientation (A = the weight's
-// codes, m = output column; B = the activation codes, n = row). A block of
-// kMmaWarps warps takes MT * 16 columns for NT * 8 rows; warp w walks the
-// 64-value chunks w, w + kMmaWarps, ... of k, the next chunk's weights in
-// flight while it multiplies the last. A thread loads 16 codes a row
-// straight from global memory (weights evict-first, as gemv_fp8's: each is
-// read once; activations through L1/L2: every block reads them): thread
-// (g, t) = (lane / 4, lane % 4) holds k = 16t .. 16t + 15 of the chunk for
-// weight rows g and g + 8 and activation row g, and its words 2s and
-// 2s + 1 are the k32 fragments of step s. The mma's slots thus hold a
-// permutation of k, the same one in A and B, so the sum is of the right
-// products. Each chunk's two steps start from zero and are then added to
-// the f32 accumulator: Hopper's FP8 tensor cores add at reduced precision,
-// so a long chain of steps is not left to them (cuBLASLt and DeepSeek-V3
-// promote every 128 values). The warps' sums meet by a fixed tree in
-// shared memory; y = sum * (x_scale * w_scale) as scale_fp8_product forms
-// it.
-// MT m16 tiles of columns a block (2; 1 for products too narrow to give
-// every multiprocessor a block of 32 columns).
-constexpr int kMmaWarps = 8;
-constexpr uint32_t kMmaChunk = 64;  // k a warp takes at a time
-
-template <int MT, int NT>
-__global__ void __launch_bounds__(kMmaWarps * 32)
-    mma_fp8_kernel(const uint8_t* __restrict__ w, const float* __restrict__ ws,
-                   const uint8_t* __restrict__ x, const float* __restrict__ xs, uint32_t n_in,
-                   uint32_t n_out, uint32_t n_rows, float* __restrict__ y) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
-  // Row tiles are the grid's fastest dimension: the blocks that run
-  // together share a column tile, read from HBM once.
-  const uint32_t r0 = blockIdx.x * (NT * 8), j0 = blockIdx.y * (MT * 16);
-  // Rows and columns past the end are read (clamped) and never stored.
-  const uint8_t* wr[MT][2];
-#pragma unroll
-  for (int m = 0; m < MT; ++m)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      wr[m][h] = w + static_cast<size_t>(min(j0 + m * 16 + h * 8 + g, n_out - 1)) * n_in + 16 * t;
-  uint32_t xr[NT];  // offsets of this thread's activation rows
-#pragma unroll
-  for (int n = 0; n < NT; ++n) xr[n] = min(r0 + n * 8 + g, n_rows - 1) * n_in + 16 * t;
-  float acc[MT][NT][4] = {};
-  uint32_t k = warp * kMmaChunk;
-  constexpr uint32_t kStep = kMmaWarps * kMmaChunk;
-  uint4 a[MT][2];  // [tile][row g, g + 8]
-  const auto load_a = [&](uint4(&dst)[MT][2], uint32_t at) {
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) dst[m][h] = __ldcs(reinterpret_cast<const uint4*>(wr[m][h] + at));
-  };
-  // The first chunk is a weight's: loaded before the wait.
-  if (k < n_in) load_a(a, k);
-  dependency_wait();
-  for (; k < n_in; k += kStep) {
-    uint4 b[NT];
-#pragma unroll
-    for (int n = 0; n < NT; ++n) b[n] = *reinterpret_cast<const uint4*>(x + xr[n] + k);
-    uint4 next[MT][2];
-    if (k + kStep < n_in) load_a(next, k + kStep);
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        float c[4] = {};
-        const uint4 &lo = a[m][0], &hi = a[m][1];
-        detail::mma_e4m3_k32(c, {lo.x, hi.x, lo.y, hi.y}, b[n].x, b[n].y);
-        detail::mma_e4m3_k32(c, {lo.z, hi.z, lo.w, hi.w}, b[n].z, b[n].w);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[m][n][i] += c[i];
-      }
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) a[m][h] = next[m][h];
-  }
-  // Warps w and w + half meet in w, half = 4, 2, 1.
-  __shared__ float part[kMmaWarps / 2][MT][NT][4][32];
-#pragma unroll
-  for (int half = kMmaWarps / 2; half >= 1; half /= 2) {
-    const bool give = warp >= half && warp < 2 * half, take = warp < half;
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          if (give) part[warp - half][m][n][i][lane] = acc[m][n][i];
-    __syncthreads();
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          if (take) acc[m][n][i] += part[warp][m][n][i][lane];
-    __syncthreads();
-  }
-  // Warp 0 stores: d[i] of tile (m, n) is column j0 + 16m + g (+ 8 for
-  // i >= 2), row r0 + 8n + 2t + (i & 1).
-  if (warp != 0) return;
-#pragma unroll
-  for (int m = 0; m < MT; ++m)
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint32_t j = j0 + m * 16 + g + (i >> 1) * 8, r = r0 + n * 8 + 2 * t + (i & 1);
-        if (j < n_out && r < n_rows)
-          y[static_cast<size_t>(r) * n_out + j] = __fmul_rn(acc[m][n][i], __fmul_rn(xs[r], ws[j]));
-      }
-}
-
-template <int MT, int NT>
-void mma_rows(const uint8_t* w, const float* ws, const uint8_t* x, const float* xs, uint32_t n_in,
-              uint32_t n_out, uint32_t n_rows, float* y, cudaStream_t stream) {
-  const dim3 grid((n_rows + NT * 8 - 1) / (NT * 8), (n_out + MT * 16 - 1) / (MT * 16));
-  launch("matmul_fp8", mma_fp8_kernel<MT, NT>, grid, kMmaWarps * 32, 0, stream, w, ws, x, xs, n_in,
-         n_out, n_rows, y);
-}
-
 }  // namespace
 
 bool fp8_supported(int device) {
@@ -369,36 +244,6 @@ void gemv_fp8(const uint8_t* w, const float* w_scales, const uint16_t* x, size_t
                                                    gemv_rows<7>, gemv_rows<8>};
   kByRows[n_rows - 1](w, w_scales, x, static_cast<uint32_t>(n_in), static_cast<uint32_t>(n_out), y,
                       stream);
-}
-
-bool matmul_fp8_applies(size_t n_in) {
-  return n_in % kMmaChunk == 0 && n_in < (size_t{1} << 24) && tc::wgmma_available();
-}
-
-void matmul_fp8(const uint8_t* w, const float* w_scales, const uint8_t* x, const float* x_scales,
-                size_t n_in, size_t n_out, size_t n_rows, float* y, cudaStream_t stream) {
-  if (n_rows == 0 || n_out == 0) return;
-  FERRY_CHECK(
-      matmul_fp8_applies(n_in) && n_out <= size_t{65535} * 16 && n_rows * n_in < (size_t{1} << 32),
-      "fp8", "matmul_fp8: ", n_rows, " rows of ", n_in, " -> ", n_out);
-  // Row tiles of 8 (up to 8 rows) to 64: the fewest tiles of at most 64
-  // rows; column tiles of 32 where that gives every multiprocessor one.
-  const size_t tiles = (n_rows + 63) / 64, nt = (n_rows + tiles * 8 - 1) / (tiles * 8);
-  // FERRY_CUDA_FP8_MMA_TILES=1 or 2 forces MT (for measuring).
-  static const int forced = [] {
-    const char* e = std::getenv("FERRY_CUDA_FP8_MMA_TILES");
-    return e ? std::atoi(e) : 0;
-  }();
-  const bool wide = forced ? forced == 2 : n_out >= 32 * tc::device_sms();
-  using Launch = void (*)(const uint8_t*, const float*, const uint8_t*, const float*, uint32_t,
-                          uint32_t, uint32_t, float*, cudaStream_t);
-  static constexpr Launch kByTiles[2][8] = {
-      {mma_rows<1, 1>, mma_rows<1, 2>, mma_rows<1, 3>, mma_rows<1, 4>, mma_rows<1, 5>,
-       mma_rows<1, 6>, mma_rows<1, 7>, mma_rows<1, 8>},
-      {mma_rows<2, 1>, mma_rows<2, 2>, mma_rows<2, 3>, mma_rows<2, 4>, mma_rows<2, 5>,
-       mma_rows<2, 6>, mma_rows<2, 7>, mma_rows<2, 8>}};
-  kByTiles[wide][nt - 1](w, w_scales, x, x_scales, static_cast<uint32_t>(n_in),
-                         static_cast<uint32_t>(n_out), static_cast<uint32_t>(n_rows), y, stream);
 }
 
 void scale_fp8_product(const void* acc, bool acc_bf16, const float* row_scale,

@@ -45,22 +45,6 @@ inline constexpr size_t kFp8GemvRows = 8;
 void gemv_fp8(const uint8_t* w, const float* w_scales, const uint16_t* x, size_t n_in, size_t n_out,
               size_t n_rows, float* y, cudaStream_t stream);
 
-// Steps of more rows than gemv_fp8 takes, up to kFp8MmaRows: y = x W^T on
-// E4M3 codes as Fp8Gemm::product forms it (x quantized per row by
-// quantize_fp8_rows; y[r, j] = sum * (x_scales[r] * w_scales[j])), on FP8
-// tensor-core mma instructions in ferry's kernel, which streams each weight
-// code once at any of these row counts where cuBLASLt's FP8 kernels (tiles
-// of 64 or more rows, few of them for a narrow product) read them at a
-// fraction of the copy bandwidth. The f32 sum adds the tensor core's sums of
-// 64 products at a time (Hopper adds within an mma at reduced precision).
-// Runs any row count; matmul_fp8_applies: n_in a multiple of 64 and a
-// device that runs the sm_90a image (Hopper). Like gemv_fp8 it loads its
-// first weights before its dependency wait.
-inline constexpr size_t kFp8MmaRows = 64;
-bool matmul_fp8_applies(size_t n_in);
-void matmul_fp8(const uint8_t* w, const float* w_scales, const uint8_t* x, const float* x_scales,
-                size_t n_in, size_t n_out, size_t n_rows, float* y, cudaStream_t stream);
-
 // y[r, j] = acc[r, j] * (row_scale[r] * col_scale[j]) for [n_rows, n_out]
 // products; acc is f32 or bf16 (acc_bf16) and may be y itself when f32.
 void scale_fp8_product(const void* acc, bool acc_bf16, const float* row_scale,

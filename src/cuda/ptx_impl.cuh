@@ -92,12 +92,6 @@ __device__ __forceinline__ void mma_s8_k16(int32_t (&d)[4], uint32_t a0, uint32_
       : "r"(a0), "r"(a1), "r"(b0));
 }
 
-// d += A B for E4M3 codes, f32 accumulation, in m16n8k32 (the fragments
-// are mma_s8_k32's). Compiled only into the sm_90a image (FERRY_SM90A,
-// below); callers check wgmma_available() (matmul_tc) first.
-__device__ __forceinline__ void mma_e4m3_k32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1);
-
 // ---- Hopper (sm_90a) warpgroup mma --------------------------------------------
 // Compiled only into the sm_90a image (__CUDA_ARCH_FEAT_SM90_ALL); callers
 // check wgmma_available() (matmul_tc) before launching kernels that use
@@ -107,17 +101,6 @@ __device__ __forceinline__ void mma_e4m3_k32(float (&d)[4], const uint32_t (&a)[
 #else
 #define FERRY_SM90A 0
 #endif
-
-__device__ __forceinline__ void mma_e4m3_k32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-#if FERRY_SM90A
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
 
 // Shared-memory matrix descriptor for a K-major operand stored as rows of
 // 128 bytes (64 bf16 of k) with the 128-byte swizzle (16-byte chunk c of row
