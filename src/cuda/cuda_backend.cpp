@@ -346,6 +346,11 @@ class CudaBackend final : public model::Backend {
   explicit CudaBackend(const CudaOptions& opts) : opts_(opts) {
     const char* fuse = std::getenv("FERRY_CUDA_FUSE_QKV");  // "0": Q/K/V, rope, KV write apart
     fuse_qkv_ = !(fuse && std::strcmp(fuse, "0") == 0);
+    // --fp8: steps of up to this many rows take ferry's FP8 mma kernel, more
+    // take cuBLASLt's (for measuring: FERRY_CUDA_FP8_MMA_ROWS=0 gives every
+    // step above gemv_fp8's rows to cuBLASLt).
+    if (const char* rows = std::getenv("FERRY_CUDA_FP8_MMA_ROWS"))
+      fp8_mma_rows_ = std::strtoull(rows, nullptr, 10);
     // "0": attention reads nothing before its dependency wait; "stage": it
     // stages settled keys there but folds none (AttentionFormats).
     const char* early = std::getenv("FERRY_CUDA_ATTN_EARLY");
@@ -460,7 +465,8 @@ class CudaBackend final : public model::Backend {
     const size_t scales = (n_rows * sizeof(float) + 255) / 256 * 256;
     size_t scratch = 0;
     for (const kernels::WeightView& w : ws)
-      scratch = std::max(scratch, fp8_->scratch_bytes(w.n_out, n_rows));
+      scratch = std::max({scratch, fp8_->scratch_bytes(w.n_out, n_rows),
+                          n_rows <= fp8_mma_rows_ ? matmul_fp8_scratch(n_in, w.n_out, n_rows) : 0});
     auto* p = static_cast<uint8_t*>(x8_.get(codes + scales + scratch, stream_));
     Fp8Rows r{p, reinterpret_cast<float*>(p + codes), scratch ? p + codes + scales : nullptr};
     quantize_fp8_rows(x, DType::F32, n_rows, n_in, r.codes, r.scales, stream_);
@@ -619,8 +625,12 @@ class CudaBackend final : public model::Backend {
         gemv_fp8(fp8_codes(w), fp8_scales(w), xb, w.n_in, w.n_out, n_rows, ys[i], stream_);
       } else if (w.type == kFp8) {
         if (!x8.codes) x8 = quantize_fp8(x, n_rows, w.n_in, ws);
-        fp8_->product(fp8_codes(w), fp8_scales(w), x8.codes, x8.scales, w.n_in, w.n_out, n_rows,
-                      ys[i], x8.scratch, stream_);
+        if (n_rows <= fp8_mma_rows_ && matmul_fp8_applies(w.n_in))
+          matmul_fp8(fp8_codes(w), fp8_scales(w), x8.codes, x8.scales, w.n_in, w.n_out, n_rows,
+                     ys[i], x8.scratch, stream_);
+        else
+          fp8_->product(fp8_codes(w), fp8_scales(w), x8.codes, x8.scales, w.n_in, w.n_out, n_rows,
+                        ys[i], x8.scratch, stream_);
       } else if (int8_takes(w)) {
         if (!xq.codes) xq = quantize_rows(x, n_rows, w.n_in);
         q8_wait.add(w, w.data, ys[i]);
@@ -1344,6 +1354,7 @@ class CudaBackend final : public model::Backend {
   PendingRope pending_rope_;
   PendingQkv qkv_;
   bool fuse_qkv_ = true;  // FERRY_CUDA_FUSE_QKV=0: off
+  size_t fp8_mma_rows_ = kFp8MmaRows;  // FERRY_CUDA_FP8_MMA_ROWS
   std::unique_ptr<StepProfile> profile_;
   size_t n_tokens_ = 0;  // this step's token rows
   Graph* graph_ = nullptr;

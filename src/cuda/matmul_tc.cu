@@ -1100,20 +1100,26 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   }();
   return fn;
 }
-// A bf16 matrix [outer][inner] as boxes of 64 (inner) x box_rows, 128-byte
-// swizzle, out-of-range elements read as zeros.
-CUtensorMap tensor_map(const uint16_t* base, size_t inner, size_t outer, uint32_t box_rows) {
+}  // namespace
+
+CUtensorMap tensor_map_sw128(const void* base, size_t elem_bytes, size_t inner, size_t outer,
+                             uint32_t box_rows) {
+  FERRY_CHECK(elem_bytes == 1 || elem_bytes == 2, "matmul_tc", "tensor map of ", elem_bytes,
+              "-byte elements");
   CUtensorMap m{};
-  const cuuint64_t dims[2] = {inner, outer}, strides[1] = {inner * 2};
-  const cuuint32_t box[2] = {64, box_rows}, unit[2] = {1, 1};
+  const cuuint64_t dims[2] = {inner, outer}, strides[1] = {inner * elem_bytes};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(128 / elem_bytes), box_rows}, unit[2] = {1, 1};
   const CUresult r = tensor_map_encoder()(
-      &m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(base), dims, strides, box,
-      unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      &m, elem_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2,
+      const_cast<void*>(base), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   FERRY_CHECK(r == CUDA_SUCCESS, "matmul_tc", "tensor map of ", outer, " x ", inner,
               ": driver error ", static_cast<int>(r));
   return m;
 }
+
+namespace {
 
 // A Hopper variant. f16 weights need the hi / lo split in registers, which
 // wgmma's shared-memory A operand cannot take: they run L128x128 (same bits).
@@ -1125,8 +1131,8 @@ struct WgVariant {
 
   static TmaMaps maps(const Args& a, int n_w, uint32_t w_rows) {
     TmaMaps m{};
-    for (int i = 0; i < n_w; ++i) m.w[i] = tensor_map(a.ws.w[i], a.n_in, a.ws.n_out[i], w_rows);
-    m.x = tensor_map(a.x, a.n_in, a.n_rows, BN);
+    for (int i = 0; i < n_w; ++i) m.w[i] = tensor_map_sw128(a.ws.w[i], 2, a.n_in, a.ws.n_out[i], w_rows);
+    m.x = tensor_map_sw128(a.x, 2, a.n_in, a.n_rows, BN);
     return m;
   }
   template <bool kSwiglu>

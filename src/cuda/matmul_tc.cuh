@@ -8,6 +8,7 @@
 // into CTA tiles and in the shared-memory pipeline depth.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -79,6 +80,14 @@ size_t pick_tile(std::span<const RowRange> ranges, Config&& config, size_t n_out
 size_t choose_config(size_t n_in, size_t n_out, size_t n_rows, bool wgmma, size_t sms);
 // The current device's multiprocessor count (cached per device).
 size_t device_sms();
+
+// A row-major matrix of `outer` rows of `inner` elements of elem_bytes
+// each (2: bf16; 1: bytes, such as FP8 codes) as a TMA tensor map of boxes
+// of 128 bytes of a row x box_rows rows with the 128-byte swizzle (the
+// layout wgmma_desc_sw128 describes), out-of-range elements read as zeros.
+// The row pitch (inner * elem_bytes) must be a multiple of 16 bytes.
+CUtensorMap tensor_map_sw128(const void* base, size_t elem_bytes, size_t inner, size_t outer,
+                             uint32_t box_rows);
 
 // matmul_tc / matmul_tc_many with the variant forced (same preconditions,
 // same results).

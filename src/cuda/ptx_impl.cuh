@@ -222,6 +222,14 @@ __device__ __forceinline__ void bar_sync(uint32_t id, uint32_t n_threads) {
 // m16n8 accumulator layout.
 template <int N>
 __device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], uint64_t a, uint64_t b);
+// The same for E4M3 codes (k32 a step, both operands K-major in 128-byte
+// swizzled rows of 128 codes; f32 accumulators in wgmma_bf16's layout):
+// d = A B when `accumulate` is 0, else d += A B. Hopper's tensor cores add
+// FP8 products at reduced precision inside a chain of steps, so callers
+// start short chains from zero and add them up in f32 themselves.
+template <int N>
+__device__ __forceinline__ void wgmma_e4m3(float (&d)[N / 2], uint64_t a, uint64_t b,
+                                           uint32_t accumulate);
 
 #if FERRY_SM90A
 #define FERRY_WG_D8(i)                                                                      \
@@ -273,10 +281,35 @@ __device__ __forceinline__ void wgmma_bf16<256>(float (&d)[128], uint64_t a, uin
         FERRY_WG_D8(120)
       : "l"(a), "l"(b), "r"(1));
 }
+template <>
+__device__ __forceinline__ void wgmma_e4m3<32>(float (&d)[16], uint64_t a, uint64_t b,
+                                               uint32_t accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1;\n}\n"
+      : FERRY_WG_D8(0), FERRY_WG_D8(8)
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+template <>
+__device__ __forceinline__ void wgmma_e4m3<64>(float (&d)[32], uint64_t a, uint64_t b,
+                                               uint32_t accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1;\n}\n"
+      : FERRY_WG_D8(0), FERRY_WG_D8(8), FERRY_WG_D8(16), FERRY_WG_D8(24)
+      : "l"(a), "l"(b), "r"(accumulate));
+}
 #undef FERRY_WG_D8
 #else
 template <int N>
 __device__ __forceinline__ void wgmma_bf16(float (&)[N / 2], uint64_t, uint64_t) {}
+template <int N>
+__device__ __forceinline__ void wgmma_e4m3(float (&)[N / 2], uint64_t, uint64_t, uint32_t) {}
 #endif
 
 }  // namespace ferry::cuda::detail

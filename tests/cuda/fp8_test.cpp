@@ -1,6 +1,7 @@
 // --fp8's pieces (cuda/fp8.h) against host references: the per-row E4M3
-// quantization code for code, and cuBLASLt's FP8 product with its scales
-// against the same codes multiplied out in double.
+// quantization code for code, and the FP8 products (cuBLASLt's, and
+// ferry's decode and mma kernels) against the same codes multiplied out in
+// double.
 #include <cuda_fp8.h>
 #include <gtest/gtest.h>
 
@@ -231,6 +232,60 @@ TEST_F(Fp8Test, DecodeKernelMatchesCodesMultipliedOut) {
         }
       EXPECT_EQ(bad, 0u) << s.n_in << "->" << s.n_out << " x" << n_rows;
     }
+}
+
+// Steps of more rows (matmul_fp8): E4M3 codes against quantized
+// activations on the FP8 mma, against the same codes multiplied out in
+// double, with the tolerance of cuBLASLt's product above (the kernel adds
+// the tensor core's sums of 128 products in f32). Row counts from 9 to
+// several row tiles (of 32 or 64 rows), column counts that are not a
+// multiple of a tile's 64, k split over CTAs and not (narrow products
+// split, 8,192 columns do not), and n_in of less than one stage of 128
+// (64), of many (14,336) and not a multiple of 128 (4,112: the last
+// stage is partly zeros).
+TEST_F(Fp8Test, MmaKernelMatchesCodesMultipliedOut) {
+  if (!cuda::matmul_fp8_applies(64)) GTEST_SKIP() << "matmul_fp8 runs on Hopper only";
+  EXPECT_FALSE(cuda::matmul_fp8_applies(72));  // n_in must be a multiple of 16
+  std::mt19937 rng(13);
+  struct Shape {
+    size_t n_in, n_out, n_rows;
+  };
+  for (const Shape s : {Shape{64, 33, 9}, Shape{128, 40, 16}, Shape{4096, 1024, 17},
+                        Shape{4096, 1024, 64}, Shape{256, 100, 65}, Shape{192, 72, 130},
+                        Shape{14336, 96, 33}, Shape{64, 8192, 24}, Shape{128, 8200, 57},
+                        Shape{4112, 200, 40}, Shape{208, 64, 32}}) {
+    std::vector<uint16_t> w(s.n_out * s.n_in);
+    std::vector<float> x(s.n_rows * s.n_in);
+    for (auto& v : w) v = f32_to_bf16(std::normal_distribution<float>(0.0f, 0.05f)(rng));
+    for (auto& v : x) v = std::normal_distribution<float>(0.0f, 2.0f)(rng);
+    DeviceBuffer<uint16_t> dw(w);
+    DeviceBuffer<float> dx(x);
+    DeviceBuffer<uint8_t> wc(s.n_out * s.n_in), xc(s.n_rows * s.n_in);
+    DeviceBuffer<float> ws(s.n_out), xs(s.n_rows), y(s.n_rows * s.n_out);
+    y.poison();
+    cuda::quantize_fp8_rows(dw.get(), DType::BF16, s.n_out, s.n_in, wc.get(), ws.get(), nullptr);
+    cuda::quantize_fp8_rows(dx.get(), DType::F32, s.n_rows, s.n_in, xc.get(), xs.get(), nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // weights read before the kernel's wait
+    DeviceBuffer<uint8_t> scratch(
+        std::max<size_t>(cuda::matmul_fp8_scratch(s.n_in, s.n_out, s.n_rows), 1));
+    cuda::matmul_fp8(wc.get(), ws.get(), xc.get(), xs.get(), s.n_in, s.n_out, s.n_rows, y.get(),
+                     scratch.get(), nullptr);
+    const std::vector<uint8_t> hw = wc.download(), hx = xc.download();
+    const std::vector<float> hws = ws.download(), hxs = xs.download(), got = y.download();
+    size_t bad = 0;
+    for (size_t r = 0; r < s.n_rows; ++r)
+      for (size_t j = 0; j < s.n_out; ++j) {
+        const auto [sum, mag] =
+            ref_dot(hw, j, s.n_in, [&](size_t k) { return e4m3_value(hx[r * s.n_in + k]); });
+        const double scale = double(hxs[r]) * hws[j];
+        const double want = sum * scale, tol = std::ldexp(mag, -10) * scale;
+        const double g = got[r * s.n_out + j];
+        if (!(std::fabs(g - want) <= tol) && ++bad <= 5)
+          ADD_FAILURE() << s.n_in << "->" << s.n_out << " x" << s.n_rows << " (" << r << ", " << j
+                        << "): " << g << " against " << want << " (tol " << tol << ")";
+      }
+    EXPECT_EQ(bad, 0u) << s.n_in << "->" << s.n_out << " x" << s.n_rows;
+  }
 }
 
 }  // namespace
