@@ -452,7 +452,9 @@ class CudaBackend final : public model::Backend {
   static const uint8_t* fp8_codes(const uint8_t* data, size_t n_out) {
     return data + (n_out * sizeof(float) + 255) / 256 * 256;
   }
-  static const uint8_t* fp8_codes(const kernels::WeightView& w) { return fp8_codes(w.data, w.n_out); }
+  static const uint8_t* fp8_codes(const kernels::WeightView& w) {
+    return fp8_codes(w.data, w.n_out);
+  }
   struct Fp8Rows {
     uint8_t* codes = nullptr;
     float* scales = nullptr;

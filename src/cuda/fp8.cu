@@ -239,8 +239,8 @@ struct Fp8Outs {
 template <int BN>
 __global__ void __launch_bounds__(Fp8WgTile<BN>::kThreads)
     matmul_fp8_kernel(const __grid_constant__ Fp8Maps maps, Fp8Outs outs,
-                      const float* __restrict__ xs, uint32_t n_in, uint32_t n_rows,
-                      uint32_t splits, uint32_t split_tiles) {
+                      const float* __restrict__ xs, uint32_t n_in, uint32_t n_rows, uint32_t splits,
+                      uint32_t split_tiles) {
 #if FERRY_SM90A
   using T = Fp8WgTile<BN>;
   constexpr int S = T::kStages;
@@ -345,7 +345,8 @@ __global__ void __launch_bounds__(Fp8WgTile<BN>::kThreads)
     for (int a = 0; a < BN / 2; ++a) {
       if (a % splits != split) continue;
       float v = detail::cluster_peer(sums, 0)[a * 128 + threadIdx.x];
-      for (uint32_t s = 1; s < splits; ++s) v += detail::cluster_peer(sums, s)[a * 128 + threadIdx.x];
+      for (uint32_t s = 1; s < splits; ++s)
+        v += detail::cluster_peer(sums, s)[a * 128 + threadIdx.x];
       store(a / 4, a % 4, v);
     }
   detail::cluster_sync();  // no CTA leaves while another may read its sums

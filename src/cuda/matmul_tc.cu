@@ -1131,7 +1131,8 @@ struct WgVariant {
 
   static TmaMaps maps(const Args& a, int n_w, uint32_t w_rows) {
     TmaMaps m{};
-    for (int i = 0; i < n_w; ++i) m.w[i] = tensor_map_sw128(a.ws.w[i], 2, a.n_in, a.ws.n_out[i], w_rows);
+    for (int i = 0; i < n_w; ++i)
+      m.w[i] = tensor_map_sw128(a.ws.w[i], 2, a.n_in, a.ws.n_out[i], w_rows);
     m.x = tensor_map_sw128(a.x, 2, a.n_in, a.n_rows, BN);
     return m;
   }
