@@ -449,11 +449,8 @@ class CudaBackend final : public model::Backend {
   static const float* fp8_scales(const kernels::WeightView& w) {
     return reinterpret_cast<const float*>(w.data);
   }
-  static const uint8_t* fp8_codes(const uint8_t* data, size_t n_out) {
-    return data + (n_out * sizeof(float) + 255) / 256 * 256;
-  }
   static const uint8_t* fp8_codes(const kernels::WeightView& w) {
-    return fp8_codes(w.data, w.n_out);
+    return w.data + (w.n_out * sizeof(float) + 255) / 256 * 256;
   }
   struct Fp8Rows {
     uint8_t* codes = nullptr;
@@ -468,7 +465,8 @@ class CudaBackend final : public model::Backend {
     const size_t scales = (n_rows * sizeof(float) + 255) / 256 * 256;
     size_t scratch = 0;
     for (const kernels::WeightView& w : ws)
-      scratch = std::max(scratch, fp8_->scratch_bytes(w.n_out, n_rows));
+      scratch = std::max({scratch, fp8_->scratch_bytes(w.n_out, n_rows),
+                          n_rows <= fp8_mma_rows_ ? matmul_fp8_scratch(n_in, w.n_out, n_rows) : 0});
     auto* p = static_cast<uint8_t*>(x8_.get(codes + scales + scratch, stream_));
     Fp8Rows r{p, reinterpret_cast<float*>(p + codes), scratch ? p + codes + scales : nullptr};
     quantize_fp8_rows(x, DType::F32, n_rows, n_in, r.codes, r.scales, stream_);
@@ -609,18 +607,10 @@ class CudaBackend final : public model::Backend {
     Int8Rows xq;  // x quantized for int8 mode, made on first use
     Fp8Rows x8;   // x quantized for --fp8, made on first use
     // Weights of one type wait here to share one launch: dense ones for
-    // the tensor-core kernel, Q4_K / Q6_K ones for int8 mode's, FP8 ones
-    // for matmul_fp8_many.
+    // the tensor-core kernel, Q4_K / Q6_K ones for int8 mode's.
     auto tc_wait = pending<uint16_t>([&](const auto& p) {
       cuda::matmul_tc_many(p.w(), p.type == DType::F16, ws[0].n_in, p.n_out(), xb, n_rows, p.y(),
                            stream_);
-    });
-    auto fp8_wait = pending<uint8_t>([&](const auto& p) {
-      Fp8Weight f[tc::kMaxWeights];
-      for (size_t i = 0; i < p.w().size(); ++i)
-        f[i] = {fp8_codes(p.w()[i], p.n_out()[i]), reinterpret_cast<const float*>(p.w()[i]),
-                p.n_out()[i], p.y()[i]};
-      matmul_fp8_many({f, p.w().size()}, x8.codes, x8.scales, ws[0].n_in, n_rows, stream_);
     });
     auto q8_wait = pending<uint8_t>([&](const auto& p) {
       cuda::matmul_q8_many(p.w(), p.type, ws[0].n_in, p.n_out(), xq.codes, xq.d, xq.dsum, n_rows,
@@ -636,7 +626,8 @@ class CudaBackend final : public model::Backend {
       } else if (w.type == kFp8) {
         if (!x8.codes) x8 = quantize_fp8(x, n_rows, w.n_in, ws);
         if (n_rows <= fp8_mma_rows_ && matmul_fp8_applies(w.n_in))
-          fp8_wait.add(w, w.data, ys[i]);  // (one launch for the call's FP8 weights)
+          matmul_fp8(fp8_codes(w), fp8_scales(w), x8.codes, x8.scales, w.n_in, w.n_out, n_rows,
+                     ys[i], x8.scratch, stream_);
         else
           fp8_->product(fp8_codes(w), fp8_scales(w), x8.codes, x8.scales, w.n_in, w.n_out, n_rows,
                         ys[i], x8.scratch, stream_);
@@ -657,7 +648,6 @@ class CudaBackend final : public model::Backend {
     }
     tc_wait.flush();
     q8_wait.flush();
-    fp8_wait.flush();
   }
 
   // Int8 mode (--matmul int8, the CLI's default) takes Q4_K and Q6_K weights

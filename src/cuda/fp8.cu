@@ -196,25 +196,22 @@ void gemv_rows(const uint8_t* w, const float* sw, const uint16_t* x, uint32_t n_
          n_out, y);
 }
 
-// Steps of a few dozen rows (matmul_fp8_many): both operands E4M3 on
-// Hopper's FP8 warpgroup mma (wgmma m64nBNk32), fed by TMA as matmul_tc's
-// wgmma tiles are. A CTA owns 64 output columns of one of the launch's
-// weights x BN rows over one range of k; one producer warp copies each
-// stage (128 codes of k: a 128-byte swizzled row per weight and per
-// activation row) with two TMA boxes, and the consumer warpgroup runs the
-// stage's four k32 steps as one chain started from zero, then adds the
-// chain's sums to its f32 accumulators (Hopper's FP8 tensor cores add
-// inside a chain at reduced precision; 128 products a chain keep that
-// error near f32's). Out-of-range rows, columns and k are zero-filled by
-// the copies and never stored. Where the column tiles alone give too few
-// CTAs, k is split over the `splits` CTAs of a cluster (rank = split): each
-// leaves its sums in its shared memory, and after the cluster's barrier
-// CTA s adds the splits' sums of every splits-th accumulator in split
-// order, so every output has one fixed order of additions for its shape.
-// y = sum * (x_scale * w_scale), as scale_fp8_product forms it.
+// Steps of a few dozen rows (matmul_fp8): both operands E4M3 on Hopper's
+// FP8 warpgroup mma (wgmma m64nBNk32), fed by TMA as matmul_tc's wgmma
+// tiles are. A CTA owns 64 output columns x BN rows over one range of k
+// (split-K: blockIdx.y, so that narrow products still give every
+// multiprocessor CTAs); one producer warp copies each stage (128 codes of
+// k: a 128-byte swizzled row per weight and per activation row) with two
+// TMA boxes, and the consumer warpgroup runs the stage's four k32 steps as
+// one chain started from zero, then adds the chain's sums to its f32
+// accumulators (Hopper's FP8 tensor cores add inside a chain at reduced
+// precision; 128 products a chain keep that error near f32's). Out-of-range
+// rows, columns and k are zero-filled by the copies and never stored.
+// One split: y = sum * (x_scale * w_scale), as scale_fp8_product forms it;
+// several: each writes its sum to part[split] and fp8_split_sum adds the
+// splits in order, so every output has one fixed order of additions for
+// its shape.
 constexpr uint32_t kWgCols = 64, kWgK = 128;
-constexpr int kFp8MaxWeights = 4;
-constexpr uint32_t kMaxSplits = 8;  // a portable cluster
 
 template <int BN>
 struct Fp8WgTile {
@@ -224,35 +221,25 @@ struct Fp8WgTile {
   static constexpr uint32_t kStageBytes = (kWgCols + BN) * kWgK;
   // + alignment, + the stages' full and empty barriers
   static constexpr size_t kSmemBytes = size_t{kStages} * kStageBytes + 1024 + 16 * kStages;
-  static_assert(size_t{BN} * 256 <= size_t{kStages} * kStageBytes, "sums fit the stages");
 };
 struct Fp8Maps {
-  CUtensorMap w[kFp8MaxWeights];  // boxes of 128 codes x 64 weight rows
-  CUtensorMap x;                  // boxes of 128 codes x BN activation rows
-};
-struct Fp8Outs {
-  const float* scale[kFp8MaxWeights];  // per output column
-  float* y[kFp8MaxWeights];
-  uint32_t n_out[kFp8MaxWeights], tiles[kFp8MaxWeights];  // tiles: of 64 columns
+  CUtensorMap w, x;  // boxes of 128 codes x 64 weight rows / BN activation rows
 };
 
 template <int BN>
 __global__ void __launch_bounds__(Fp8WgTile<BN>::kThreads)
-    matmul_fp8_kernel(const __grid_constant__ Fp8Maps maps, Fp8Outs outs,
-                      const float* __restrict__ xs, uint32_t n_in, uint32_t n_rows, uint32_t splits,
-                      uint32_t split_tiles) {
+    matmul_fp8_kernel(const __grid_constant__ Fp8Maps maps, const float* __restrict__ ws,
+                      const float* __restrict__ xs, uint32_t n_in, uint32_t n_out, uint32_t n_rows,
+                      uint32_t split_tiles, float* __restrict__ part, float* __restrict__ y) {
 #if FERRY_SM90A
   using T = Fp8WgTile<BN>;
   constexpr int S = T::kStages;
   extern __shared__ uint4 smem_raw[];
-  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
-  const uint32_t smem = (base + 1023u) & ~1023u;
+  const uint32_t smem =
+      (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
   const uint32_t full = smem + S * T::kStageBytes, empty = full + 8 * S;
-  const uint32_t split = blockIdx.x % splits;  // = the cluster rank
-  uint32_t col_tile = blockIdx.x / splits, wi = 0;
-  while (col_tile >= outs.tiles[wi]) col_tile -= outs.tiles[wi++];
-  const uint32_t j0 = col_tile * kWgCols, r0 = blockIdx.y * BN, n_out = outs.n_out[wi];
-  const uint32_t k_tiles = (n_in + kWgK - 1) / kWgK, kt0 = split * split_tiles;
+  const uint32_t j0 = blockIdx.x * kWgCols, r0 = blockIdx.z * BN;
+  const uint32_t k_tiles = (n_in + kWgK - 1) / kWgK, kt0 = blockIdx.y * split_tiles;
   const uint32_t nt = min(split_tiles, k_tiles - kt0);  // this CTA's stages
 
   if (threadIdx.x == 0) {
@@ -264,14 +251,12 @@ __global__ void __launch_bounds__(Fp8WgTile<BN>::kThreads)
   }
   __syncthreads();
 
-  float acc[BN / 2];
   if (threadIdx.x >= 128) {  // the producer warp
     if (threadIdx.x == 128) {
-      const void* wmap = &maps.w[wi];
       auto issue_w = [&](uint32_t i) {
         const uint32_t st = smem + (i % S) * T::kStageBytes, bar = full + 8 * (i % S);
         detail::mbar_expect_tx(bar, T::kStageBytes);
-        detail::tma_load_2d(st, wmap, static_cast<int>((kt0 + i) * kWgK), static_cast<int>(j0),
+        detail::tma_load_2d(st, &maps.w, static_cast<int>((kt0 + i) * kWgK), static_cast<int>(j0),
                             bar);
       };
       auto issue_x = [&](uint32_t i) {
@@ -292,101 +277,95 @@ __global__ void __launch_bounds__(Fp8WgTile<BN>::kThreads)
         issue_x(i);
       }
     }
-    __syncwarp();
-  } else {
-    detail::dependency_wait();  // (y may still be read by the kernel before)
-    float chain[BN / 2];
+    return;
+  }
+  detail::dependency_wait();  // (y and part may still be read by the kernel before)
+
+  float acc[BN / 2], chain[BN / 2];
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] = chain[i] = 0.0f;
-    for (uint32_t i = 0; i < nt; ++i) {
-      const uint32_t slot = i % S, st = smem + slot * T::kStageBytes;
-      detail::mbar_wait(full + 8 * slot, (i / S) & 1);
-      detail::wgmma_pin(chain);
-      detail::wgmma_fence();
+  for (int i = 0; i < BN / 2; ++i) acc[i] = chain[i] = 0.0f;
+  for (uint32_t i = 0; i < nt; ++i) {
+    const uint32_t slot = i % S, st = smem + slot * T::kStageBytes;
+    detail::mbar_wait(full + 8 * slot, (i / S) & 1);
+    detail::wgmma_pin(chain);
+    detail::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < static_cast<int>(kWgK / 32); ++kk)
-        detail::wgmma_e4m3<BN>(chain, detail::wgmma_desc_sw128(st + kk * 32),
-                               detail::wgmma_desc_sw128(st + T::kWBytes + kk * 32), kk > 0);
-      detail::wgmma_commit();
-      detail::wgmma_wait<0>();
-      detail::wgmma_pin(chain);
-      detail::mbar_arrive_if(empty + 8 * slot, threadIdx.x == 0);
+    for (int kk = 0; kk < static_cast<int>(kWgK / 32); ++kk)
+      detail::wgmma_e4m3<BN>(chain, detail::wgmma_desc_sw128(st + kk * 32),
+                             detail::wgmma_desc_sw128(st + T::kWBytes + kk * 32), kk > 0);
+    detail::wgmma_commit();
+    detail::wgmma_wait<0>();
+    detail::wgmma_pin(chain);
+    detail::mbar_arrive_if(empty + 8 * slot, threadIdx.x == 0);
 #pragma unroll
-      for (int e = 0; e < BN / 2; ++e) acc[e] += chain[e];
-    }
+    for (int e = 0; e < BN / 2; ++e) acc[e] += chain[e];
   }
 
   // acc[4i + e]: column j0 + 16 warp + g (+ 8 for e >= 2), row r0 + 8i + 2c + (e & 1).
   const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
   const int g = lane / 4, c = lane % 4;
-  const float* __restrict__ ws = outs.scale[wi];
-  float* __restrict__ y = outs.y[wi];
-  auto store = [&](int i, int e, float v) {
-    const uint32_t j = j0 + warp * 16 + g + 8 * (e / 2), r = r0 + i * 8 + 2 * c + e % 2;
-    if (j < n_out && r < n_rows) y[size_t{r} * n_out + j] = __fmul_rn(v, __fmul_rn(xs[r], ws[j]));
-  };
-  if (splits == 1) {
-    if (threadIdx.x < 128)
+  float* out = gridDim.y > 1 ? part + static_cast<size_t>(blockIdx.y) * n_rows * n_out : y;
 #pragma unroll
-      for (int i = 0; i < BN / 8; ++i)
+  for (int i = 0; i < BN / 8; ++i)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) store(i, e, acc[i * 4 + e]);
-    return;
-  }
-  // The sums through the stages (every copy has landed and been read):
-  // accumulator a of thread t at a * 128 + t.
-  float* sums = reinterpret_cast<float*>(smem_raw) + (smem - base) / 4;
-  if (threadIdx.x < 128)
-#pragma unroll
-    for (int a = 0; a < BN / 2; ++a) sums[a * 128 + threadIdx.x] = acc[a];
-  detail::cluster_sync();
-  if (threadIdx.x < 128)
-#pragma unroll
-    for (int a = 0; a < BN / 2; ++a) {
-      if (a % splits != split) continue;
-      float v = detail::cluster_peer(sums, 0)[a * 128 + threadIdx.x];
-      for (uint32_t s = 1; s < splits; ++s)
-        v += detail::cluster_peer(sums, s)[a * 128 + threadIdx.x];
-      store(a / 4, a % 4, v);
+    for (int e = 0; e < 4; ++e) {
+      const uint32_t j = j0 + warp * 16 + g + 8 * (e / 2), r = r0 + i * 8 + 2 * c + e % 2;
+      if (j < n_out && r < n_rows)
+        out[static_cast<size_t>(r) * n_out + j] =
+            gridDim.y > 1 ? acc[i * 4 + e] : __fmul_rn(acc[i * 4 + e], __fmul_rn(xs[r], ws[j]));
     }
-  detail::cluster_sync();  // no CTA leaves while another may read its sums
 #else
-  (void)maps, (void)outs, (void)xs, (void)n_in, (void)n_rows, (void)splits, (void)split_tiles;
+  (void)maps, (void)ws, (void)xs, (void)n_in, (void)n_out, (void)n_rows, (void)split_tiles;
+  (void)part, (void)y;
   (void)Fp8WgTile<BN>::kWBytes;  // (the sm_90a image's)
 #endif
 }
 
-// How matmul_fp8_many cuts a launch: row tiles of BN (32 for up to 32 rows,
-// else 64), column tiles of 64, and k split over the CTAs of a cluster
-// (at most 8) into as many ranges as keep the CTAs within one wave of two
-// a multiprocessor (two fit on each), with at least 4 stages a range. The
-// cut depends on the shapes and the GPU only.
+// y = (part[0] + part[1] + ... in order) * (x_scale * w_scale).
+__global__ void fp8_split_sum_kernel(const float* __restrict__ part, uint32_t splits,
+                                     const float* __restrict__ xs, const float* __restrict__ ws,
+                                     uint32_t n_out, size_t total, float* __restrict__ y) {
+  dependency_wait();
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < total;
+       i += size_t{gridDim.x} * blockDim.x) {
+    float v = part[i];
+    for (uint32_t s = 1; s < splits; ++s) v += part[s * total + i];
+    y[i] = __fmul_rn(v, __fmul_rn(xs[i / n_out], ws[i % n_out]));
+  }
+}
+
+// How matmul_fp8 cuts a product: row tiles of BN (32 for up to 32 rows,
+// else 64), column tiles of 64, and k split into as many ranges as keep
+// the CTAs within one wave of two a multiprocessor (two fit on each), with
+// at least 4 stages a range. The cut depends on the shape and the GPU only.
 struct Fp8Plan {
   uint32_t bn, row_tiles, col_tiles, splits, split_tiles;
 };
-Fp8Plan fp8_plan(size_t n_in, size_t col_tiles, size_t n_rows) {
+Fp8Plan fp8_plan(size_t n_in, size_t n_out, size_t n_rows) {
   Fp8Plan p{};
   p.bn = n_rows <= 32 ? 32 : 64;
   p.row_tiles = static_cast<uint32_t>((n_rows + p.bn - 1) / p.bn);
-  p.col_tiles = static_cast<uint32_t>(col_tiles);
+  p.col_tiles = static_cast<uint32_t>((n_out + kWgCols - 1) / kWgCols);
   const uint32_t k_tiles = static_cast<uint32_t>((n_in + kWgK - 1) / kWgK);
   const size_t wave = 2 * tc::device_sms();
   const uint32_t splits = static_cast<uint32_t>(std::max<size_t>(
-      std::min<size_t>({wave / (col_tiles * p.row_tiles), k_tiles / 4, kMaxSplits}), 1));
+      std::min<size_t>(wave / (size_t{p.col_tiles} * p.row_tiles), k_tiles / 4), 1));
   p.split_tiles = (k_tiles + splits - 1) / splits;
   p.splits = (k_tiles + p.split_tiles - 1) / p.split_tiles;
   return p;
 }
 
 template <int BN>
-void launch_fp8_tiles(const Fp8Plan& p, const Fp8Maps& maps, const Fp8Outs& outs, const float* xs,
-                      size_t n_in, size_t n_rows, cudaStream_t stream) {
+void launch_fp8_tiles(const Fp8Plan& p, const uint8_t* w, const float* ws, const uint8_t* x,
+                      const float* xs, size_t n_in, size_t n_out, size_t n_rows, float* part,
+                      float* y, cudaStream_t stream) {
   using T = Fp8WgTile<BN>;
   detail::raise_smem_limit<matmul_fp8_kernel<BN>>(T::kSmemBytes);
-  detail::launch_cluster("matmul_fp8", matmul_fp8_kernel<BN>,
-                         dim3(p.col_tiles * p.splits, p.row_tiles), p.splits, T::kThreads,
-                         T::kSmemBytes, stream, maps, outs, xs, static_cast<uint32_t>(n_in),
-                         static_cast<uint32_t>(n_rows), p.splits, p.split_tiles);
+  const Fp8Maps maps{tc::tensor_map_sw128(w, 1, n_in, n_out, kWgCols),
+                     tc::tensor_map_sw128(x, 1, n_in, n_rows, BN)};
+  launch("matmul_fp8", matmul_fp8_kernel<BN>, dim3(p.col_tiles, p.splits, p.row_tiles), T::kThreads,
+         T::kSmemBytes, stream, maps, ws, xs, static_cast<uint32_t>(n_in),
+         static_cast<uint32_t>(n_out), static_cast<uint32_t>(n_rows), p.split_tiles, part, y);
 }
 
 }  // namespace
@@ -445,32 +424,28 @@ bool matmul_fp8_applies(size_t n_in) {
   return n_in % 16 == 0 && n_in < (size_t{1} << 31) && tc::wgmma_available();
 }
 
-void matmul_fp8_many(std::span<const Fp8Weight> ws, const uint8_t* x, const float* x_scales,
-                     size_t n_in, size_t n_rows, cudaStream_t stream) {
-  FERRY_CHECK(ws.size() <= kFp8MaxWeights, "fp8", "matmul_fp8_many: ", ws.size(),
-              " weights (at most ", kFp8MaxWeights, ")");
-  FERRY_CHECK(matmul_fp8_applies(n_in) && n_rows <= size_t{65535} * 32, "fp8",
-              "matmul_fp8_many: ", n_rows, " rows of ", n_in);
-  Fp8Maps maps{};
-  Fp8Outs outs{};
-  size_t n = 0, col_tiles = 0;
-  for (const Fp8Weight& w : ws) {
-    FERRY_CHECK(w.n_out < (size_t{1} << 31), "fp8", "matmul_fp8_many: ", w.n_out, " columns");
-    if (w.n_out == 0) continue;
-    maps.w[n] = tc::tensor_map_sw128(w.codes, 1, n_in, w.n_out, kWgCols);
-    outs.scale[n] = w.scales;
-    outs.y[n] = w.y;
-    outs.n_out[n] = static_cast<uint32_t>(w.n_out);
-    outs.tiles[n] = static_cast<uint32_t>((w.n_out + kWgCols - 1) / kWgCols);
-    col_tiles += outs.tiles[n++];
+size_t matmul_fp8_scratch(size_t n_in, size_t n_out, size_t n_rows) {
+  if (!matmul_fp8_applies(n_in) || n_rows == 0 || n_out == 0) return 0;
+  const Fp8Plan p = fp8_plan(n_in, n_out, n_rows);
+  return p.splits > 1 ? size_t{p.splits} * n_rows * n_out * sizeof(float) : 0;
+}
+
+void matmul_fp8(const uint8_t* w, const float* w_scales, const uint8_t* x, const float* x_scales,
+                size_t n_in, size_t n_out, size_t n_rows, float* y, void* scratch,
+                cudaStream_t stream) {
+  if (n_rows == 0 || n_out == 0) return;
+  FERRY_CHECK(matmul_fp8_applies(n_in) && n_out < (size_t{1} << 31) && n_rows <= size_t{65535} * 32,
+              "fp8", "matmul_fp8: ", n_rows, " rows of ", n_in, " -> ", n_out);
+  const Fp8Plan p = fp8_plan(n_in, n_out, n_rows);
+  float* part = static_cast<float*>(scratch);
+  FERRY_CHECK(p.splits == 1 || part != nullptr, "fp8", "matmul_fp8 needs scratch here");
+  (p.bn == 32 ? launch_fp8_tiles<32> : launch_fp8_tiles<64>)(p, w, w_scales, x, x_scales, n_in,
+                                                             n_out, n_rows, part, y, stream);
+  if (p.splits > 1) {
+    const size_t total = n_rows * n_out;
+    launch("fp8_split_sum", fp8_split_sum_kernel, detail::elementwise_blocks(total, 256), 256, 0,
+           stream, part, p.splits, x_scales, w_scales, static_cast<uint32_t>(n_out), total, y);
   }
-  if (n == 0 || n_rows == 0) return;
-  const Fp8Plan p = fp8_plan(n_in, col_tiles, n_rows);
-  FERRY_CHECK(size_t{p.col_tiles} * p.splits < (size_t{1} << 31), "fp8",
-              "matmul_fp8_many: too many tiles");
-  maps.x = tc::tensor_map_sw128(x, 1, n_in, n_rows, p.bn);
-  (p.bn == 32 ? launch_fp8_tiles<32> : launch_fp8_tiles<64>)(p, maps, outs, x_scales, n_in, n_rows,
-                                                             stream);
 }
 
 void scale_fp8_product(const void* acc, bool acc_bf16, const float* row_scale,

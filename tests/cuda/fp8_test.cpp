@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <limits>
 #include <random>
 #include <vector>
@@ -235,90 +234,57 @@ TEST_F(Fp8Test, DecodeKernelMatchesCodesMultipliedOut) {
     }
 }
 
-// Steps of more rows (matmul_fp8_many): E4M3 codes against quantized
-// activations on the FP8 wgmma tiles, against the same codes multiplied
-// out in double, with the tolerance of cuBLASLt's product above (the kernel
-// adds the tensor core's sums of 128 products in f32). One to four weights
-// a launch (Q/K/V-like: 4096 -> 1024, 256, 256). Row counts from 9 to
+// Steps of more rows (matmul_fp8): E4M3 codes against quantized
+// activations on the FP8 mma, against the same codes multiplied out in
+// double, with the tolerance of cuBLASLt's product above (the kernel adds
+// the tensor core's sums of 128 products in f32). Row counts from 9 to
 // several row tiles (of 32 or 64 rows), column counts that are not a
-// multiple of a tile's 64, k split over a cluster's CTAs and not (narrow
-// products split, 8,192 columns do not), and n_in of less than one stage of
-// 128 (64), of many (14,336) and not a multiple of 128 (4,112: the last
-// stage is partly zeros). A second launch gives the same bits.
+// multiple of a tile's 64, k split over CTAs and not (narrow products
+// split, 8,192 columns do not), and n_in of less than one stage of 128
+// (64), of many (14,336) and not a multiple of 128 (4,112: the last
+// stage is partly zeros).
 TEST_F(Fp8Test, MmaKernelMatchesCodesMultipliedOut) {
-  if (!cuda::matmul_fp8_applies(64)) GTEST_SKIP() << "matmul_fp8_many runs on Hopper only";
+  if (!cuda::matmul_fp8_applies(64)) GTEST_SKIP() << "matmul_fp8 runs on Hopper only";
   EXPECT_FALSE(cuda::matmul_fp8_applies(72));  // n_in must be a multiple of 16
   std::mt19937 rng(13);
   struct Shape {
-    size_t n_in;
-    std::vector<size_t> n_out;
-    size_t n_rows;
+    size_t n_in, n_out, n_rows;
   };
-  const Shape shapes[] = {{64, {33}, 9},
-                          {128, {40}, 16},
-                          {4096, {1024}, 17},
-                          {4096, {1024, 256, 256}, 34},
-                          {4096, {1024}, 64},
-                          {256, {100}, 65},
-                          {192, {72, 8, 64, 1}, 130},
-                          {14336, {96}, 33},
-                          {64, {8192}, 24},
-                          {128, {8200}, 57},
-                          {4112, {200, 72}, 40},
-                          {208, {64}, 32}};
-  for (const Shape& s : shapes) {
-    DeviceBuffer<float> dx([&] {
-      std::vector<float> x(s.n_rows * s.n_in);
-      for (auto& v : x) v = std::normal_distribution<float>(0.0f, 2.0f)(rng);
-      return x;
-    }());
-    DeviceBuffer<uint8_t> xc(s.n_rows * s.n_in);
-    DeviceBuffer<float> xs(s.n_rows);
+  for (const Shape s :
+       {Shape{64, 33, 9}, Shape{128, 40, 16}, Shape{4096, 1024, 17}, Shape{4096, 1024, 64},
+        Shape{256, 100, 65}, Shape{192, 72, 130}, Shape{14336, 96, 33}, Shape{64, 8192, 24},
+        Shape{128, 8200, 57}, Shape{4112, 200, 40}, Shape{208, 64, 32}}) {
+    std::vector<uint16_t> w(s.n_out * s.n_in);
+    std::vector<float> x(s.n_rows * s.n_in);
+    for (auto& v : w) v = f32_to_bf16(std::normal_distribution<float>(0.0f, 0.05f)(rng));
+    for (auto& v : x) v = std::normal_distribution<float>(0.0f, 2.0f)(rng);
+    DeviceBuffer<uint16_t> dw(w);
+    DeviceBuffer<float> dx(x);
+    DeviceBuffer<uint8_t> wc(s.n_out * s.n_in), xc(s.n_rows * s.n_in);
+    DeviceBuffer<float> ws(s.n_out), xs(s.n_rows), y(s.n_rows * s.n_out);
+    y.poison();
+    cuda::quantize_fp8_rows(dw.get(), DType::BF16, s.n_out, s.n_in, wc.get(), ws.get(), nullptr);
     cuda::quantize_fp8_rows(dx.get(), DType::F32, s.n_rows, s.n_in, xc.get(), xs.get(), nullptr);
-    std::deque<DeviceBuffer<uint8_t>> wc;  // (deque: the buffers do not move)
-    std::deque<DeviceBuffer<float>> ws, y;
-    std::vector<cuda::Fp8Weight> fw;
-    for (const size_t n_out : s.n_out) {
-      std::vector<uint16_t> w(n_out * s.n_in);
-      for (auto& v : w) v = f32_to_bf16(std::normal_distribution<float>(0.0f, 0.05f)(rng));
-      DeviceBuffer<uint16_t> dw(w);
-      wc.emplace_back(n_out * s.n_in);
-      ws.emplace_back(n_out);
-      y.emplace_back(s.n_rows * n_out);
-      y.back().poison();
-      cuda::quantize_fp8_rows(dw.get(), DType::BF16, n_out, s.n_in, wc.back().get(),
-                              ws.back().get(), nullptr);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // (dw's lifetime)
-    }
-    for (size_t i = 0; i < s.n_out.size(); ++i)
-      fw.push_back({wc[i].get(), ws[i].get(), s.n_out[i], y[i].get()});
-    cuda::matmul_fp8_many(fw, xc.get(), xs.get(), s.n_in, s.n_rows, nullptr);
-    const std::vector<uint8_t> hx = xc.download();
-    const std::vector<float> hxs = xs.download();
-    for (size_t i = 0; i < s.n_out.size(); ++i) {
-      const size_t n_out = s.n_out[i];
-      const std::vector<uint8_t> hw = wc[i].download();
-      const std::vector<float> hws = ws[i].download(), got = y[i].download();
-      size_t bad = 0;
-      for (size_t r = 0; r < s.n_rows; ++r)
-        for (size_t j = 0; j < n_out; ++j) {
-          const auto [sum, mag] =
-              ref_dot(hw, j, s.n_in, [&](size_t k) { return e4m3_value(hx[r * s.n_in + k]); });
-          const double scale = double(hxs[r]) * hws[j];
-          const double want = sum * scale, tol = std::ldexp(mag, -10) * scale;
-          const double g = got[r * n_out + j];
-          if (!(std::fabs(g - want) <= tol) && ++bad <= 5)
-            ADD_FAILURE() << s.n_in << "->" << n_out << " x" << s.n_rows << " (" << r << ", " << j
-                          << "): " << g << " against " << want << " (tol " << tol << ")";
-        }
-      EXPECT_EQ(bad, 0u) << s.n_in << "->" << n_out << " (weight " << i << ") x" << s.n_rows;
-    }
-    std::vector<std::vector<float>> first;
-    for (auto& b : y) first.push_back(b.download());
-    cuda::matmul_fp8_many(fw, xc.get(), xs.get(), s.n_in, s.n_rows, nullptr);
-    for (size_t i = 0; i < y.size(); ++i)
-      EXPECT_EQ(std::memcmp(first[i].data(), y[i].download().data(), first[i].size() * 4), 0)
-          << "weight " << i << " of " << s.n_in << " x" << s.n_rows << ": replay differs";
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // weights read before the kernel's wait
+    DeviceBuffer<uint8_t> scratch(
+        std::max<size_t>(cuda::matmul_fp8_scratch(s.n_in, s.n_out, s.n_rows), 1));
+    cuda::matmul_fp8(wc.get(), ws.get(), xc.get(), xs.get(), s.n_in, s.n_out, s.n_rows, y.get(),
+                     scratch.get(), nullptr);
+    const std::vector<uint8_t> hw = wc.download(), hx = xc.download();
+    const std::vector<float> hws = ws.download(), hxs = xs.download(), got = y.download();
+    size_t bad = 0;
+    for (size_t r = 0; r < s.n_rows; ++r)
+      for (size_t j = 0; j < s.n_out; ++j) {
+        const auto [sum, mag] =
+            ref_dot(hw, j, s.n_in, [&](size_t k) { return e4m3_value(hx[r * s.n_in + k]); });
+        const double scale = double(hxs[r]) * hws[j];
+        const double want = sum * scale, tol = std::ldexp(mag, -10) * scale;
+        const double g = got[r * s.n_out + j];
+        if (!(std::fabs(g - want) <= tol) && ++bad <= 5)
+          ADD_FAILURE() << s.n_in << "->" << s.n_out << " x" << s.n_rows << " (" << r << ", " << j
+                        << "): " << g << " against " << want << " (tol " << tol << ")";
+      }
+    EXPECT_EQ(bad, 0u) << s.n_in << "->" << s.n_out << " x" << s.n_rows;
   }
 }
 
