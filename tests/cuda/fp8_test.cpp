@@ -57,6 +57,59 @@ void host_quantize(const std::vector<float>& row, std::vector<uint8_t>& codes, f
     codes[i] = __nv_cvt_float_to_fp8(row[i] * inv, __NV_SATFINITE, __NV_E4M3);
 }
 
+// Both operands of an FP8 product made as the backend makes them: bf16
+// weights ~ N(0, 0.05) and f32 activations ~ N(0, 2), each row quantized
+// by quantize_fp8_rows (synchronized: the kernels read their first
+// weights before their dependency wait); y poisoned.
+struct Fp8Operands {
+  size_t n_in, n_out, n_rows;
+  DeviceBuffer<uint8_t> wc, xc;
+  DeviceBuffer<float> ws, xs, y;
+  Fp8Operands(std::mt19937& rng, size_t in, size_t out, size_t rows)
+      : n_in(in),
+        n_out(out),
+        n_rows(rows),
+        wc(out * in),
+        xc(rows * in),
+        ws(out),
+        xs(rows),
+        y(rows * out) {
+    std::vector<uint16_t> w(n_out * n_in);
+    std::vector<float> x(n_rows * n_in);
+    for (auto& v : w) v = f32_to_bf16(std::normal_distribution<float>(0.0f, 0.05f)(rng));
+    for (auto& v : x) v = std::normal_distribution<float>(0.0f, 2.0f)(rng);
+    DeviceBuffer<uint16_t> dw(w);
+    DeviceBuffer<float> dx(x);
+    y.poison();
+    cuda::quantize_fp8_rows(dw.get(), DType::BF16, n_out, n_in, wc.get(), ws.get(), nullptr);
+    cuda::quantize_fp8_rows(dx.get(), DType::F32, n_rows, n_in, xc.get(), xs.get(), nullptr);
+    CK(cudaDeviceSynchronize());
+  }
+};
+
+// The outputs of y farther from the codes multiplied out in double than an
+// f32 sum's bound (2^-10 of the sum of |terms|, scaled), plus 2^-8 of the
+// value where the sums were rounded to bf16; the first few are reported.
+size_t count_off(const Fp8Operands& o, bool bf16_sums) {
+  const std::vector<uint8_t> hw = o.wc.download(), hx = o.xc.download();
+  const std::vector<float> hws = o.ws.download(), hxs = o.xs.download(), got = o.y.download();
+  size_t bad = 0;
+  for (size_t r = 0; r < o.n_rows; ++r)
+    for (size_t j = 0; j < o.n_out; ++j) {
+      const auto [sum, mag] =
+          ref_dot(hw, j, o.n_in, [&](size_t k) { return e4m3_value(hx[r * o.n_in + k]); });
+      const double scale = double(hxs[r]) * hws[j];
+      const double want = sum * scale;
+      double tol = std::ldexp(mag, -10) * scale;
+      if (bf16_sums) tol += std::ldexp(std::fabs(want), -8);
+      const double g = got[r * o.n_out + j];
+      if (!(std::fabs(g - want) <= tol) && ++bad <= 5)
+        ADD_FAILURE() << o.n_in << "->" << o.n_out << " x" << o.n_rows << " (" << r << ", " << j
+                      << "): " << g << " against " << want << " (tol " << tol << ")";
+    }
+  return bad;
+}
+
 class Fp8Test : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -144,20 +197,10 @@ TEST_F(Fp8Test, ProductMatchesCodesMultipliedOut) {
     for (const Shape s :
          {Shape{64, 48, 1}, Shape{160, 64, 3}, Shape{64, 160, 8}, Shape{4096, 1024, 8},
           Shape{1024, 4096, 17}, Shape{256, 128, 64}, Shape{512, 256, 300}}) {
-      std::vector<uint16_t> w(s.n_out * s.n_in);
-      std::vector<float> x(s.n_rows * s.n_in);
-      for (auto& v : w) v = f32_to_bf16(std::normal_distribution<float>(0.0f, 0.05f)(rng));
-      for (auto& v : x) v = std::normal_distribution<float>(0.0f, 2.0f)(rng);
-      DeviceBuffer<uint16_t> dw(w);
-      DeviceBuffer<float> dx(x);
-      DeviceBuffer<uint8_t> wc(s.n_out * s.n_in), xc(s.n_rows * s.n_in);
-      DeviceBuffer<float> ws(s.n_out), xs(s.n_rows), y(s.n_rows * s.n_out);
+      Fp8Operands o(rng, s.n_in, s.n_out, s.n_rows);
       DeviceBuffer<uint8_t> scratch(std::max<size_t>(gemm.scratch_bytes(s.n_out, s.n_rows), 1));
-      y.poison();
-      cuda::quantize_fp8_rows(dw.get(), DType::BF16, s.n_out, s.n_in, wc.get(), ws.get(), nullptr);
-      cuda::quantize_fp8_rows(dx.get(), DType::F32, s.n_rows, s.n_in, xc.get(), xs.get(), nullptr);
-      gemm.product(wc.get(), ws.get(), xc.get(), xs.get(), s.n_in, s.n_out, s.n_rows, y.get(),
-                   scratch.get(), nullptr);
+      gemm.product(o.wc.get(), o.ws.get(), o.xc.get(), o.xs.get(), s.n_in, s.n_out, s.n_rows,
+                   o.y.get(), scratch.get(), nullptr);
       const bool bf16_sums = gemm.scratch_bytes(s.n_out, s.n_rows) > 0 &&
                              !gemm.scales_in_cublas(s.n_in, s.n_out, s.n_rows);
       if (!outer_vec) {
@@ -166,24 +209,8 @@ TEST_F(Fp8Test, ProductMatchesCodesMultipliedOut) {
       std::printf("[fp8] %zu -> %zu x %zu: scales applied by %s%s\n", s.n_in, s.n_out, s.n_rows,
                   gemm.scales_in_cublas(s.n_in, s.n_out, s.n_rows) ? "cuBLASLt" : "ferry",
                   bf16_sums ? " (bf16 sums)" : "");
-      const std::vector<uint8_t> hw = wc.download(), hx = xc.download();
-      const std::vector<float> hws = ws.download(), hxs = xs.download(), got = y.download();
-      size_t bad = 0;
-      for (size_t r = 0; r < s.n_rows; ++r)
-        for (size_t j = 0; j < s.n_out; ++j) {
-          const auto [sum, mag] =
-              ref_dot(hw, j, s.n_in, [&](size_t k) { return e4m3_value(hx[r * s.n_in + k]); });
-          const double scale = double(hxs[r]) * hws[j];
-          const double want = sum * scale;
-          double tol = std::ldexp(mag, -10) * scale;
-          if (bf16_sums) tol += std::ldexp(std::fabs(want), -8);
-          const double g = got[r * s.n_out + j];
-          if (!(std::fabs(g - want) <= tol) && ++bad <= 5)
-            ADD_FAILURE() << s.n_in << "->" << s.n_out << " x" << s.n_rows << " (" << r << ", " << j
-                          << "): " << g << " against " << want << " (tol " << tol << ")";
-        }
-      EXPECT_EQ(bad, 0u) << s.n_in << "->" << s.n_out << " x" << s.n_rows << " outer_vec "
-                         << outer_vec;
+      EXPECT_EQ(count_off(o, bf16_sums), 0u)
+          << s.n_in << "->" << s.n_out << " x" << s.n_rows << " outer_vec " << outer_vec;
     }
   }
   cudaFree(workspace);
@@ -254,37 +281,12 @@ TEST_F(Fp8Test, MmaKernelMatchesCodesMultipliedOut) {
        {Shape{64, 33, 9}, Shape{128, 40, 16}, Shape{4096, 1024, 17}, Shape{4096, 1024, 64},
         Shape{256, 100, 65}, Shape{192, 72, 130}, Shape{14336, 96, 33}, Shape{64, 8192, 24},
         Shape{128, 8200, 57}, Shape{4112, 200, 40}, Shape{208, 64, 32}}) {
-    std::vector<uint16_t> w(s.n_out * s.n_in);
-    std::vector<float> x(s.n_rows * s.n_in);
-    for (auto& v : w) v = f32_to_bf16(std::normal_distribution<float>(0.0f, 0.05f)(rng));
-    for (auto& v : x) v = std::normal_distribution<float>(0.0f, 2.0f)(rng);
-    DeviceBuffer<uint16_t> dw(w);
-    DeviceBuffer<float> dx(x);
-    DeviceBuffer<uint8_t> wc(s.n_out * s.n_in), xc(s.n_rows * s.n_in);
-    DeviceBuffer<float> ws(s.n_out), xs(s.n_rows), y(s.n_rows * s.n_out);
-    y.poison();
-    cuda::quantize_fp8_rows(dw.get(), DType::BF16, s.n_out, s.n_in, wc.get(), ws.get(), nullptr);
-    cuda::quantize_fp8_rows(dx.get(), DType::F32, s.n_rows, s.n_in, xc.get(), xs.get(), nullptr);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // weights read before the kernel's wait
+    Fp8Operands o(rng, s.n_in, s.n_out, s.n_rows);
     DeviceBuffer<uint8_t> scratch(
         std::max<size_t>(cuda::matmul_fp8_scratch(s.n_in, s.n_out, s.n_rows), 1));
-    cuda::matmul_fp8(wc.get(), ws.get(), xc.get(), xs.get(), s.n_in, s.n_out, s.n_rows, y.get(),
-                     scratch.get(), nullptr);
-    const std::vector<uint8_t> hw = wc.download(), hx = xc.download();
-    const std::vector<float> hws = ws.download(), hxs = xs.download(), got = y.download();
-    size_t bad = 0;
-    for (size_t r = 0; r < s.n_rows; ++r)
-      for (size_t j = 0; j < s.n_out; ++j) {
-        const auto [sum, mag] =
-            ref_dot(hw, j, s.n_in, [&](size_t k) { return e4m3_value(hx[r * s.n_in + k]); });
-        const double scale = double(hxs[r]) * hws[j];
-        const double want = sum * scale, tol = std::ldexp(mag, -10) * scale;
-        const double g = got[r * s.n_out + j];
-        if (!(std::fabs(g - want) <= tol) && ++bad <= 5)
-          ADD_FAILURE() << s.n_in << "->" << s.n_out << " x" << s.n_rows << " (" << r << ", " << j
-                        << "): " << g << " against " << want << " (tol " << tol << ")";
-      }
-    EXPECT_EQ(bad, 0u) << s.n_in << "->" << s.n_out << " x" << s.n_rows;
+    cuda::matmul_fp8(o.wc.get(), o.ws.get(), o.xc.get(), o.xs.get(), s.n_in, s.n_out, s.n_rows,
+                     o.y.get(), scratch.get(), nullptr);
+    EXPECT_EQ(count_off(o, false), 0u) << s.n_in << "->" << s.n_out << " x" << s.n_rows;
   }
 }
 
