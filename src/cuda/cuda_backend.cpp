@@ -452,6 +452,11 @@ class CudaBackend final : public model::Backend {
   static const uint8_t* fp8_codes(const kernels::WeightView& w) {
     return w.data + (w.n_out * sizeof(float) + 255) / 256 * 256;
   }
+  // Whether matmul_fp8 (rather than cuBLASLt) takes an FP8 product of
+  // n_rows > kFp8GemvRows rows.
+  bool fp8_mma_takes(size_t n_in, size_t n_rows) const {
+    return n_rows <= fp8_mma_rows_ && matmul_fp8_applies(n_in);
+  }
   struct Fp8Rows {
     uint8_t* codes = nullptr;
     float* scales = nullptr;
@@ -465,8 +470,9 @@ class CudaBackend final : public model::Backend {
     const size_t scales = (n_rows * sizeof(float) + 255) / 256 * 256;
     size_t scratch = 0;
     for (const kernels::WeightView& w : ws)
-      scratch = std::max({scratch, fp8_->scratch_bytes(w.n_out, n_rows),
-                          n_rows <= fp8_mma_rows_ ? matmul_fp8_scratch(n_in, w.n_out, n_rows) : 0});
+      scratch =
+          std::max({scratch, fp8_->scratch_bytes(w.n_out, n_rows),
+                    fp8_mma_takes(n_in, n_rows) ? matmul_fp8_scratch(n_in, w.n_out, n_rows) : 0});
     auto* p = static_cast<uint8_t*>(x8_.get(codes + scales + scratch, stream_));
     Fp8Rows r{p, reinterpret_cast<float*>(p + codes), scratch ? p + codes + scales : nullptr};
     quantize_fp8_rows(x, DType::F32, n_rows, n_in, r.codes, r.scales, stream_);
@@ -625,7 +631,7 @@ class CudaBackend final : public model::Backend {
         gemv_fp8(fp8_codes(w), fp8_scales(w), xb, w.n_in, w.n_out, n_rows, ys[i], stream_);
       } else if (w.type == kFp8) {
         if (!x8.codes) x8 = quantize_fp8(x, n_rows, w.n_in, ws);
-        if (n_rows <= fp8_mma_rows_ && matmul_fp8_applies(w.n_in))
+        if (fp8_mma_takes(w.n_in, n_rows))
           matmul_fp8(fp8_codes(w), fp8_scales(w), x8.codes, x8.scales, w.n_in, w.n_out, n_rows,
                      ys[i], x8.scratch, stream_);
         else
