@@ -13,8 +13,10 @@
 #include <random>
 #include <vector>
 
+#include "core/error.h"
 #include "core/half.h"
 #include "cuda/fp8.h"
+#include "cuda/matmul_tc.cuh"
 #include "cuda_test_util.h"
 
 namespace ferry::test {
@@ -288,6 +290,17 @@ TEST_F(Fp8Test, MmaKernelMatchesCodesMultipliedOut) {
                      o.y.get(), scratch.get(), nullptr);
     EXPECT_EQ(count_off(o, false), 0u) << s.n_in << "->" << s.n_out << " x" << s.n_rows;
   }
+}
+
+// Bad shapes are refused with an error naming the operation, before any
+// device work (no GPU needed): matmul_fp8 with n_in not a multiple of 16,
+// and a tensor map of elements neither 1 nor 2 bytes wide.
+TEST(Fp8Errors, BadShapesAreRefused) {
+  float y = 0.0f;
+  EXPECT_FALSE(cuda::matmul_fp8_applies(72));
+  EXPECT_THROW(cuda::matmul_fp8(nullptr, nullptr, nullptr, nullptr, 72, 8, 9, &y, nullptr, nullptr),
+               Error);
+  EXPECT_THROW(cuda::tc::tensor_map_sw128(nullptr, 4, 64, 8, 8), Error);
 }
 
 }  // namespace
