@@ -236,7 +236,8 @@ template <int BN>
 __global__ void __launch_bounds__(Fp8WgTile<BN>::kThreads)
     matmul_fp8_kernel(const __grid_constant__ Fp8Maps maps, const float* __restrict__ ws,
                       const float* __restrict__ xs, uint32_t n_in, uint32_t n_out, uint32_t n_rows,
-                      uint32_t split_tiles, float* __restrict__ part, float* __restrict__ y) {
+                      uint32_t split_tiles, uint32_t pre_stages, float* __restrict__ part,
+                      float* __restrict__ y) {
 #if FERRY_SM90A
   using T = Fp8WgTile<BN>;
   constexpr int S = T::kStages;
@@ -272,7 +273,7 @@ __global__ void __launch_bounds__(Fp8WgTile<BN>::kThreads)
       };
       // The first stages' weights before the dependency wait (they do not
       // depend on the previous kernel), then their activations.
-      const uint32_t ring = min(static_cast<uint32_t>(S), nt), pre = min(ring, 2u);
+      const uint32_t ring = min(static_cast<uint32_t>(S), nt), pre = min(ring, pre_stages);
       for (uint32_t i = 0; i < pre; ++i) issue_w(i);
       detail::dependency_wait();
       for (uint32_t i = pre; i < ring; ++i) issue_w(i);
@@ -322,7 +323,7 @@ __global__ void __launch_bounds__(Fp8WgTile<BN>::kThreads)
     }
 #else
   (void)maps, (void)ws, (void)xs, (void)n_in, (void)n_out, (void)n_rows, (void)split_tiles;
-  (void)part, (void)y;
+  (void)pre_stages, (void)part, (void)y;
   (void)Fp8WgTile<BN>::kWBytes;  // (the sm_90a image's)
 #endif
 }
@@ -371,7 +372,8 @@ void launch_fp8_tiles(const Fp8Plan& p, const uint8_t* w, const float* ws, const
                      tc::tensor_map_sw128(x, 1, n_in, n_rows, BN)};
   launch("matmul_fp8", matmul_fp8_kernel<BN>, dim3(p.col_tiles, p.splits, p.row_tiles), T::kThreads,
          T::kSmemBytes, stream, maps, ws, xs, static_cast<uint32_t>(n_in),
-         static_cast<uint32_t>(n_out), static_cast<uint32_t>(n_rows), p.split_tiles, part, y);
+         static_cast<uint32_t>(n_out), static_cast<uint32_t>(n_rows), p.split_tiles,
+         tc::pre_stages(), part, y);
 }
 
 }  // namespace

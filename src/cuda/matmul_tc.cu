@@ -102,10 +102,8 @@ __constant__ uint32_t c_pre_stages = 2;
 void set_pre_stages() {
   static std::atomic<int> known[64];
   per_device(known, [](int) {
-    if (const char* e = std::getenv("FERRY_CUDA_PRE_STAGES")) {
-      const uint32_t v = static_cast<uint32_t>(std::strtoul(e, nullptr, 10));
+    if (const uint32_t v = pre_stages(); v != 2)
       FERRY_CUDA_CHECK(cudaMemcpyToSymbol(c_pre_stages, &v, sizeof v));
-    }
     return 1;
   });
 }
@@ -1281,6 +1279,14 @@ size_t device_sms() {
     FERRY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     return std::max(sms, 1);
   }));
+}
+
+uint32_t pre_stages() {
+  static const uint32_t v = [] {
+    const char* e = std::getenv("FERRY_CUDA_PRE_STAGES");
+    return e ? static_cast<uint32_t>(std::strtoul(e, nullptr, 10)) : uint32_t{2};
+  }();
+  return v;
 }
 
 size_t choose_config(size_t n_in, size_t n_out, size_t n_rows, bool wgmma, size_t sms) {

@@ -81,6 +81,11 @@ size_t choose_config(size_t n_in, size_t n_out, size_t n_rows, bool wgmma, size_
 // The current device's multiprocessor count (cached per device).
 size_t device_sms();
 
+// How many pipeline stages of weights a product's producer requests
+// before its dependency wait: 2, or FERRY_CUDA_PRE_STAGES (read once). The
+// fed and wgmma tiles and matmul_fp8 follow it.
+uint32_t pre_stages();
+
 // A row-major matrix of `outer` rows of `inner` elements of elem_bytes
 // each (2: bf16; 1: bytes, such as FP8 codes) as a TMA tensor map of boxes
 // of 128 bytes of a row x box_rows rows with the 128-byte swizzle (the
