@@ -351,6 +351,8 @@ class CudaBackend final : public model::Backend {
     // step above gemv_fp8's rows to cuBLASLt).
     if (const char* rows = std::getenv("FERRY_CUDA_FP8_MMA_ROWS"))
       fp8_mma_rows_ = std::strtoull(rows, nullptr, 10);
+    if (const char* norm = std::getenv("FERRY_CUDA_FP8_NORM"))
+      fp8_norm_ = std::strcmp(norm, "0") != 0;
     // "0": attention reads nothing before its dependency wait; "stage": it
     // stages settled keys there but folds none (AttentionFormats).
     const char* early = std::getenv("FERRY_CUDA_ATTN_EARLY");
@@ -462,8 +464,28 @@ class CudaBackend final : public model::Backend {
     float* scales = nullptr;
     void* scratch = nullptr;  // for Fp8Gemm::product, when it needs some
   };
-  // A call's activations as E4M3 codes (one scale per row), and the
-  // scratch the largest product of the call's weights needs.
+  // --fp8: the E4M3 codes of a norm's output that its kernel wrote for
+  // the FP8 products reading it next (steps above gemv_fp8's rows, which
+  // read bf16), in place of a quantize_fp8_rows launch (the same bits);
+  // dropped by every other op (mark), as the bf16 copy is.
+  // FERRY_CUDA_FP8_NORM=0: not made.
+  struct Fp8Copy {
+    const float* x = nullptr;
+    size_t n_rows = 0, n = 0;
+    Fp8RowsOut rows;
+  };
+  Fp8RowsOut fp8_copy_for(const float* out, size_t n_rows, size_t dim) {
+    if (!fp8_ || !fp8_norm_ || n_rows <= kFp8GemvRows || dim % 16 != 0)
+      return {};
+    const size_t codes = (n_rows * dim + 255) / 256 * 256;
+    auto* p = static_cast<uint8_t*>(x8n_.get(codes + n_rows * sizeof(float), stream_));
+    fp8_copy_ = {out, n_rows, dim, {p, reinterpret_cast<float*>(p + codes)}};
+    return fp8_copy_.rows;
+  }
+
+  // A call's activations as E4M3 codes (one scale per row): the codes its
+  // producer wrote (fp8_copy_) or made here; and the scratch the largest
+  // product of the call's weights needs.
   Fp8Rows quantize_fp8(const float* x, size_t n_rows, size_t n_in,
                        std::span<const kernels::WeightView> ws) {
     const size_t codes = (n_rows * n_in + 255) / 256 * 256;
@@ -475,6 +497,11 @@ class CudaBackend final : public model::Backend {
                     fp8_mma_takes(n_in, n_rows) ? matmul_fp8_scratch(n_in, w.n_out, n_rows) : 0});
     auto* p = static_cast<uint8_t*>(x8_.get(codes + scales + scratch, stream_));
     Fp8Rows r{p, reinterpret_cast<float*>(p + codes), scratch ? p + codes + scales : nullptr};
+    if (fp8_copy_.x == x && fp8_copy_.n_rows == n_rows && fp8_copy_.n == n_in) {
+      r.codes = fp8_copy_.rows.codes;
+      r.scales = fp8_copy_.rows.scales;
+      return r;
+    }
     quantize_fp8_rows(x, DType::F32, n_rows, n_in, r.codes, r.scales, stream_);
     return r;
   }
@@ -530,7 +557,7 @@ class CudaBackend final : public model::Backend {
     if (replaying()) return;
     mark("rmsnorm");
     uint16_t* b = bf16_copy_for(out, n_rows * dim);
-    cuda::rmsnorm(x, w, n_rows, dim, eps, out, stream_, b);
+    cuda::rmsnorm(x, w, n_rows, dim, eps, out, stream_, b, fp8_copy_for(out, n_rows, dim));
   }
 
   void add_rmsnorm(float* x, const float* y, const float* w, size_t n_rows, size_t dim, float eps,
@@ -538,7 +565,7 @@ class CudaBackend final : public model::Backend {
     if (replaying()) return;
     mark("add_rmsnorm");
     uint16_t* b = bf16_copy_for(out, n_rows * dim);
-    cuda::add_rmsnorm(x, y, w, n_rows, dim, eps, out, b, stream_);
+    cuda::add_rmsnorm(x, y, w, n_rows, dim, eps, out, b, stream_, fp8_copy_for(out, n_rows, dim));
   }
 
   // A bf16 rounding of an activation that a norm or silu_mul has just
@@ -1206,11 +1233,11 @@ class CudaBackend final : public model::Backend {
   enum class Mode { Direct, Capture, Replay };
   // Where the buffers a captured graph's nodes point into are now: a graph
   // replays only while they have not moved.
-  using Buffers = std::array<const void*, 12>;
+  using Buffers = std::array<const void*, 13>;
   Buffers buffers() const {
-    return {arena_.ptr,         staging_dev_, pinned_,      xtc_.ptr,
-            xtc_out_.ptr,       xq_.ptr,      attn_ws_.ptr, step_writes_buf_.ptr,
-            step_jobs_buf_.ptr, dequant_.ptr, xconv_.ptr,   x8_.ptr};
+    return {arena_.ptr,         staging_dev_, pinned_,      xtc_.ptr,   xtc_out_.ptr,
+            xq_.ptr,            attn_ws_.ptr, step_writes_buf_.ptr,     step_jobs_buf_.ptr,
+            dequant_.ptr,       xconv_.ptr,   x8_.ptr,      x8n_.ptr};
   }
   struct Graph {
     int direct_runs = 0;
@@ -1226,6 +1253,7 @@ class CudaBackend final : public model::Backend {
   // profiling, records an event.
   void mark(const char* op) {
     bf16_copy_ = {};
+    fp8_copy_ = {};
     profile_mark(op);
   }
   void profile_mark(const char* op) {
@@ -1321,6 +1349,7 @@ class CudaBackend final : public model::Backend {
   std::vector<void*> owned_;  // weights and vectors
   Growable arena_, dequant_, xconv_, xtc_, xtc_out_, xq_, attn_ws_, select_, drawn_;
   Growable x8_;                   // --fp8: a call's activations as E4M3 codes, scales, bf16 acc
+  Growable x8n_;                  // --fp8: a norm's output as E4M3 codes and scales (fp8_copy_)
   std::unique_ptr<Fp8Gemm> fp8_;  // --fp8: cuBLASLt's FP8 products
   bool dense_weights_ = false;  // a BF16/F16 weight was loaded
   Bf16Copy bf16_copy_;
@@ -1361,6 +1390,8 @@ class CudaBackend final : public model::Backend {
   PendingQkv qkv_;
   bool fuse_qkv_ = true;  // FERRY_CUDA_FUSE_QKV=0: off
   size_t fp8_mma_rows_ = kFp8MmaRows;  // FERRY_CUDA_FP8_MMA_ROWS
+  bool fp8_norm_ = true;               // FERRY_CUDA_FP8_NORM
+  Fp8Copy fp8_copy_;
   std::unique_ptr<StepProfile> profile_;
   size_t n_tokens_ = 0;  // this step's token rows
   Graph* graph_ = nullptr;

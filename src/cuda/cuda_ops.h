@@ -34,15 +34,24 @@ namespace ferry::cuda {
 void embed(const uint8_t* table, DType type, size_t n_in, const int32_t* tokens, size_t n_tokens,
            float* out, cudaStream_t stream);
 
+// An op's output as E4M3 codes with one scale per row, as
+// quantize_fp8_rows makes them from the op's f32 output (the same bits),
+// for the FP8 product that reads it next (--fp8).
+struct Fp8RowsOut {
+  uint8_t* codes = nullptr;  // [n_rows, n], 4-byte aligned
+  float* scales = nullptr;   // [n_rows]
+};
+
 // out[r] = x[r] * (1 / sqrt(mean(x[r]^2) + eps)) * w. out may alias x.
 // With out_bf16, also out's values rounded to bf16 there (bit-identical to
-// f32_to_bf16 of out), for the tensor-core product that reads them next.
+// f32_to_bf16 of out), for the tensor-core product that reads them next;
+// with out8, its FP8 codes (in the same launch for rows of up to 8,192).
 void rmsnorm(const float* x, const float* w, size_t n_rows, size_t dim, float eps, float* out,
-             cudaStream_t stream, uint16_t* out_bf16 = nullptr);
-// x += y, then rmsnorm(x) into out (and out_bf16 if given): one launch,
-// bit-identical to add_inplace followed by rmsnorm.
+             cudaStream_t stream, uint16_t* out_bf16 = nullptr, Fp8RowsOut out8 = {});
+// x += y, then rmsnorm(x) into out (and out_bf16, out8 if given): one
+// launch, bit-identical to add_inplace followed by rmsnorm.
 void add_rmsnorm(float* x, const float* y, const float* w, size_t n_rows, size_t dim, float eps,
-                 float* out, uint16_t* out_bf16, cudaStream_t stream);
+                 float* out, uint16_t* out_bf16, cudaStream_t stream, Fp8RowsOut out8 = {});
 
 // Rotary embedding, GGML's adjacent-pair layout, on x: [n_rows, n_heads,
 // head_dim]; row r rotates by angle pos[r] * inv_freq[i] (inv_freq:

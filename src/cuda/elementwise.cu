@@ -7,6 +7,8 @@
 
 #include "core/error.h"
 #include "cuda/common_impl.cuh"
+#include "cuda/cuda_ops.h"
+#include "cuda/fp8_impl.cuh"
 
 namespace ferry::cuda {
 namespace {
@@ -87,10 +89,24 @@ __device__ __forceinline__ float norm_scale(float ss, uint32_t dim, float eps) {
   return scale_s;
 }
 
+// The block's largest of every thread's `a` (a max: exact in any order).
+__device__ __forceinline__ float norm_block_max(float a) {
+  __shared__ float part[kNormThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = a;
+  __syncthreads();
+  a = threadIdx.x % 32 < kNormThreads / 32 ? part[threadIdx.x % 32] : 0.0f;
+  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+  return a;
+}
+
+// With out8 (rows held in registers only): the output's E4M3 codes and
+// row scales as quantize_fp8_rows makes them from out, for the FP8
+// product that reads it next.
 template <bool kVec, bool kInRegs>
 __global__ void __launch_bounds__(kNormThreads)
     rmsnorm_kernel(float* x, const float* y, const float* w, uint32_t dim, float eps, float* out,
-                   uint16_t* out_bf16) {
+                   uint16_t* out_bf16, Fp8RowsOut out8) {
   const uint32_t n_pieces = (dim + 3) / 4, t = threadIdx.x;
   auto len = [&](uint32_t p) { return min(4u, dim - 4 * p); };
   Piece wv[kRegPieces];
@@ -133,7 +149,7 @@ __global__ void __launch_bounds__(kNormThreads)
       }
     }
   };
-  auto write = [&](uint32_t p, Piece v, const Piece& wp, float scale) {
+  auto write = [&](uint32_t p, Piece& v, const Piece& wp, float scale) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) v.v[e] = __fmul_rn(__fmul_rn(v.v[e], scale), wp.v[e]);
     store_piece<kVec>(o + 4 * p, v, len(p));
@@ -149,14 +165,42 @@ __global__ void __launch_bounds__(kNormThreads)
       const uint32_t p = t + k * kNormThreads;
       if (p < n_pieces) write(p, v[k], wv[k], scale);
     }
+    if (out8.codes) {
+      float a = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kRegPieces; ++k) {
+        const uint32_t p = t + k * kNormThreads;
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (p < n_pieces && static_cast<uint32_t>(e) < len(p)) a = fmaxf(a, fabsf(v[k].v[e]));
+      }
+      float inv;
+      const float s8 = fp8_row_scale(norm_block_max(a), &inv);
+      if (t == 0) out8.scales[blockIdx.x] = s8;
+      uint8_t* c = out8.codes + size_t{blockIdx.x} * dim;
+#pragma unroll
+      for (int k = 0; k < kRegPieces; ++k) {
+        const uint32_t p = t + k * kNormThreads;
+        if (p >= n_pieces) continue;
+        if constexpr (kVec) {
+          *reinterpret_cast<uint32_t*>(c + 4 * p) =
+              uint32_t{to_e4m3(v[k].v[0], inv)} | uint32_t{to_e4m3(v[k].v[1], inv)} << 8 |
+              uint32_t{to_e4m3(v[k].v[2], inv)} << 16 | uint32_t{to_e4m3(v[k].v[3], inv)} << 24;
+        } else {
+          for (uint32_t e = 0; e < len(p); ++e) c[4 * p + e] = to_e4m3(v[k].v[e], inv);
+        }
+      }
+    }
   } else {
     for (uint32_t p0 = t; p0 < n_pieces; p0 += kRun) {
       Piece v[kRegPieces];
       sum_run(p0, v);
     }
     const float scale = norm_scale(ss, dim, eps);
-    for (uint32_t p = t; p < n_pieces; p += kNormThreads)
-      write(p, load_piece<kVec>(xr + 4 * p, len(p)), load_piece<kVec>(w + 4 * p, len(p)), scale);
+    for (uint32_t p = t; p < n_pieces; p += kNormThreads) {
+      Piece v = load_piece<kVec>(xr + 4 * p, len(p));
+      write(p, v, load_piece<kVec>(w + 4 * p, len(p)), scale);
+    }
   }
 }
 
@@ -222,34 +266,39 @@ constexpr unsigned kThreads = 256;
 
 namespace {
 void launch_rmsnorm(float* x, const float* y, const float* w, size_t n_rows, size_t dim, float eps,
-                    float* out, uint16_t* out_bf16, cudaStream_t stream) {
+                    float* out, uint16_t* out_bf16, Fp8RowsOut out8, cudaStream_t stream) {
   if (n_rows == 0) return;
   FERRY_CHECK(n_rows <= 0x7fffffffu && dim > 0 && dim <= 0xffffffffu, "rmsnorm", "rows=", n_rows,
               " dim=", dim);
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool vec = dim % 4 == 0 && aligned(x) && aligned(w) && aligned(out) && (!y || aligned(y)) &&
-                   (!out_bf16 || reinterpret_cast<uintptr_t>(out_bf16) % 8 == 0);
+                   (!out_bf16 || reinterpret_cast<uintptr_t>(out_bf16) % 8 == 0) &&
+                   (!out8.codes || reinterpret_cast<uintptr_t>(out8.codes) % 4 == 0);
   const bool in_regs = (dim + 3) / 4 <= size_t{kNormThreads} * kRegPieces;
+  // (longer rows: the codes by quantize_fp8_rows after, the same bits)
+  const Fp8RowsOut fused = in_regs ? out8 : Fp8RowsOut{};
   auto go = [&](auto kernel) {
     launch("rmsnorm_kernel", kernel, static_cast<unsigned>(n_rows), kNormThreads, 0, stream, x, y,
-           w, static_cast<uint32_t>(dim), eps, out, out_bf16);
+           w, static_cast<uint32_t>(dim), eps, out, out_bf16, fused);
   };
   if (vec)
     in_regs ? go(rmsnorm_kernel<true, true>) : go(rmsnorm_kernel<true, false>);
   else
     in_regs ? go(rmsnorm_kernel<false, true>) : go(rmsnorm_kernel<false, false>);
+  if (out8.codes && !in_regs)
+    quantize_fp8_rows(out, DType::F32, n_rows, dim, out8.codes, out8.scales, stream);
 }
 }  // namespace
 
 void rmsnorm(const float* x, const float* w, size_t n_rows, size_t dim, float eps, float* out,
-             cudaStream_t stream, uint16_t* out_bf16) {
+             cudaStream_t stream, uint16_t* out_bf16, Fp8RowsOut out8) {
   // Without y the kernel only reads x.
-  launch_rmsnorm(const_cast<float*>(x), nullptr, w, n_rows, dim, eps, out, out_bf16, stream);
+  launch_rmsnorm(const_cast<float*>(x), nullptr, w, n_rows, dim, eps, out, out_bf16, out8, stream);
 }
 
 void add_rmsnorm(float* x, const float* y, const float* w, size_t n_rows, size_t dim, float eps,
-                 float* out, uint16_t* out_bf16, cudaStream_t stream) {
-  launch_rmsnorm(x, y, w, n_rows, dim, eps, out, out_bf16, stream);
+                 float* out, uint16_t* out_bf16, cudaStream_t stream, Fp8RowsOut out8) {
+  launch_rmsnorm(x, y, w, n_rows, dim, eps, out, out_bf16, out8, stream);
 }
 
 void rope(float* x, size_t n_rows, size_t n_heads, size_t head_dim, const int32_t* pos,

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "cuda/common_impl.cuh"
 #include "cuda/fp8.h"
+#include "cuda/fp8_impl.cuh"
 #include "cuda/matmul_tc.cuh"
 #include "cuda/ptx_impl.cuh"
 
@@ -14,6 +15,7 @@ namespace {
 
 using detail::dependency_wait;
 using detail::launch;
+using detail::to_e4m3;
 
 constexpr int kQuantThreads = 1024;
 // Rows of F32 values up to this long (a multiple of 4, 16-byte aligned)
@@ -43,10 +45,6 @@ __device__ __forceinline__ float block_max(float a) {
   return a;
 }
 
-__device__ __forceinline__ uint8_t to_e4m3(float v, float inv) {
-  return __nv_cvt_float_to_fp8(__fmul_rn(v, inv), __NV_SATFINITE, __NV_E4M3);
-}
-
 // One block per row: the row's largest magnitude, then each value times
 // 448 / max rounded to E4M3. kVec: F32 rows of at most kRegRow values, a
 // multiple of 4, read once into registers as float4s.
@@ -70,10 +68,9 @@ __global__ void __launch_bounds__(kQuantThreads)
     for (uint32_t i = threadIdx.x; i < n; i += kQuantThreads)
       a = fmaxf(a, fabsf(load_value<T>(x, row + i)));
   }
-  a = block_max(a);
-  const bool zero = !(a > 0.0f);
-  const float inv = zero ? 1.0f : __fdiv_rn(kFp8Max, a);
-  if (threadIdx.x == 0) scales[blockIdx.x] = zero ? 1.0f : __fdiv_rn(a, kFp8Max);
+  float inv;
+  const float scale = detail::fp8_row_scale(block_max(a), &inv);
+  if (threadIdx.x == 0) scales[blockIdx.x] = scale;
   if constexpr (kVec) {
     uint32_t* out = reinterpret_cast<uint32_t*>(codes + row);
 #pragma unroll

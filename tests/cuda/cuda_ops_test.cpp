@@ -25,6 +25,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "cuda/cuda_internal.h"
+#include "cuda/fp8.h"
 #include "cuda_test_util.h"
 #include "kernels/kernel_test_util.h"
 #include "kernels/quant_blocks.h"
@@ -369,6 +370,43 @@ TEST(CudaOps, FusedNormAndBf16CopiesEqualSeparateOps) {
   DeviceBuffer<uint16_t> g_b(x.size());
   cuda::silu_mul(g.get(), u.get(), x.size(), nullptr, g_b.get());
   EXPECT_TRUE(g_b.download() == bf16_of(g, x.size())) << "silu_mul's bf16 copy";
+}
+
+// The FP8 codes a norm writes for the next FP8 product (--fp8): exactly
+// quantize_fp8_rows of the norm's f32 output, for rows held in registers
+// with 16-byte pieces (4096) and without (4,098: 4-byte aligned codes,
+// pieces of 4 with a short last one), and for rows too long for registers
+// (8,208: the codes from a quantize_fp8_rows launch after the norm), with
+// and without the residual add; one row all zeros (scale 1, codes 0).
+TEST(CudaOps, NormFp8CodesEqualQuantizedOutput) {
+  REQUIRE_GPU();
+  const size_t rows = 9;
+  for (const size_t dim : {size_t{4096}, size_t{4098}, size_t{8208}})
+    for (const bool add : {false, true}) {
+      auto x = random_floats(rows * dim, 61, 2.0f), y = random_floats(rows * dim, 62, 2.0f);
+      std::fill(x.begin() + 3 * dim, x.begin() + 4 * dim, 0.0f);
+      std::fill(y.begin() + 3 * dim, y.begin() + 4 * dim, 0.0f);
+      const auto w = random_floats(dim, 63);
+      DeviceBuffer<float> d_x(x), d_y(y), d_w(w), d_out(x.size());
+      DeviceBuffer<uint8_t> codes(rows * dim), want(rows * dim);
+      DeviceBuffer<float> scales(rows), want_scales(rows);
+      codes.poison();
+      scales.poison();
+      const cuda::Fp8RowsOut out8{codes.get(), scales.get()};
+      if (add) {
+        cuda::add_rmsnorm(d_x.get(), d_y.get(), d_w.get(), rows, dim, 1e-5f, d_out.get(), nullptr,
+                          nullptr, out8);
+      } else {
+        cuda::rmsnorm(d_x.get(), d_w.get(), rows, dim, 1e-5f, d_out.get(), nullptr, nullptr, out8);
+      }
+      cuda::quantize_fp8_rows(d_out.get(), DType::F32, rows, dim, want.get(), want_scales.get(),
+                              nullptr);
+      EXPECT_TRUE(codes.download() == want.download()) << "dim " << dim << (add ? " add" : "");
+      const auto got_s = scales.download();
+      EXPECT_EQ(first_bit_diff(want_scales.download(), got_s.data(), rows), -1)
+          << "dim " << dim << (add ? " add" : "");
+      EXPECT_EQ(got_s[3], 1.0f) << "the zero row's scale";
+    }
 }
 
 TEST(CudaOps, RopeMatchesCpu) {
