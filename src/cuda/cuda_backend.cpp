@@ -351,8 +351,8 @@ class CudaBackend final : public model::Backend {
     // step above gemv_fp8's rows to cuBLASLt).
     if (const char* rows = std::getenv("FERRY_CUDA_FP8_MMA_ROWS"))
       fp8_mma_rows_ = std::strtoull(rows, nullptr, 10);
-    if (const char* norm = std::getenv("FERRY_CUDA_FP8_NORM"))
-      fp8_norm_ = std::strcmp(norm, "0") != 0;
+    if (const char* codes = std::getenv("FERRY_CUDA_FP8_CODES"))
+      fp8_codes_ = std::strcmp(codes, "0") != 0;
     // "0": attention reads nothing before its dependency wait; "stage": it
     // stages settled keys there but folds none (AttentionFormats).
     const char* early = std::getenv("FERRY_CUDA_ATTN_EARLY");
@@ -468,14 +468,14 @@ class CudaBackend final : public model::Backend {
   // the FP8 products reading it next (steps above gemv_fp8's rows, which
   // read bf16), in place of a quantize_fp8_rows launch (the same bits);
   // dropped by every other op (mark), as the bf16 copy is.
-  // FERRY_CUDA_FP8_NORM=0: not made.
+  // FERRY_CUDA_FP8_CODES=0: not made.
   struct Fp8Copy {
     const float* x = nullptr;
     size_t n_rows = 0, n = 0;
     Fp8RowsOut rows;
   };
   Fp8RowsOut fp8_copy_for(const float* out, size_t n_rows, size_t dim) {
-    if (!fp8_ || !fp8_norm_ || n_rows <= kFp8GemvRows || dim % 16 != 0)
+    if (!fp8_ || !fp8_codes_ || !dense_weights_ || n_rows <= kFp8GemvRows || dim % 16 != 0)
       return {};
     const size_t codes = (n_rows * dim + 255) / 256 * 256;
     auto* p = static_cast<uint8_t*>(x8n_.get(codes + n_rows * sizeof(float), stream_));
@@ -1235,9 +1235,11 @@ class CudaBackend final : public model::Backend {
   // replays only while they have not moved.
   using Buffers = std::array<const void*, 13>;
   Buffers buffers() const {
-    return {arena_.ptr,         staging_dev_, pinned_,      xtc_.ptr,   xtc_out_.ptr,
-            xq_.ptr,            attn_ws_.ptr, step_writes_buf_.ptr,     step_jobs_buf_.ptr,
-            dequant_.ptr,       xconv_.ptr,   x8_.ptr,      x8n_.ptr};
+    return {arena_.ptr,   staging_dev_,         pinned_,
+            xtc_.ptr,     xtc_out_.ptr,         xq_.ptr,
+            attn_ws_.ptr, step_writes_buf_.ptr, step_jobs_buf_.ptr,
+            dequant_.ptr, xconv_.ptr,           x8_.ptr,
+            x8n_.ptr};
   }
   struct Graph {
     int direct_runs = 0;
@@ -1390,7 +1392,7 @@ class CudaBackend final : public model::Backend {
   PendingQkv qkv_;
   bool fuse_qkv_ = true;  // FERRY_CUDA_FUSE_QKV=0: off
   size_t fp8_mma_rows_ = kFp8MmaRows;  // FERRY_CUDA_FP8_MMA_ROWS
-  bool fp8_norm_ = true;               // FERRY_CUDA_FP8_NORM
+  bool fp8_codes_ = true;              // FERRY_CUDA_FP8_CODES
   Fp8Copy fp8_copy_;
   std::unique_ptr<StepProfile> profile_;
   size_t n_tokens_ = 0;  // this step's token rows
