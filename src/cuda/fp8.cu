@@ -426,7 +426,7 @@ void gemv_fp8(const uint8_t* w, const float* w_scales, const uint16_t* x, size_t
 }
 
 bool matmul_fp8_applies(size_t n_in) {
-  return n_in % 16 == 0 && n_in < (size_t{1} << 31) && tc::wgmma_available();
+  return n_in > 0 && n_in % 16 == 0 && n_in < (size_t{1} << 31) && tc::wgmma_available();
 }
 
 size_t matmul_fp8_scratch(size_t n_in, size_t n_out, size_t n_rows) {

@@ -54,7 +54,7 @@ void gemv_fp8(const uint8_t* w, const float* w_scales, const uint16_t* x, size_t
 // added in a fixed order). The f32 sum adds the tensor core's sums of 128
 // products at a time (Hopper adds FP8 products inside an mma chain at
 // reduced precision). Runs any row count; matmul_fp8_applies: n_in a
-// multiple of 16 and a device that runs the sm_90a image (Hopper). Like
+// positive multiple of 16 and a device that runs the sm_90a image (Hopper). Like
 // gemv_fp8 it loads its first weights before its dependency wait.
 inline constexpr size_t kFp8MmaRows = 64;
 bool matmul_fp8_applies(size_t n_in);

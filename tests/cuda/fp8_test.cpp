@@ -293,12 +293,15 @@ TEST_F(Fp8Test, MmaKernelMatchesCodesMultipliedOut) {
 }
 
 // Bad shapes are refused with an error naming the operation, before any
-// device work (no GPU needed): matmul_fp8 with n_in not a multiple of 16,
+// device work (no GPU needed): matmul_fp8 with n_in 0 or not a multiple of 16,
 // and a tensor map of elements neither 1 nor 2 bytes wide.
 TEST(Fp8Errors, BadShapesAreRefused) {
   float y = 0.0f;
   EXPECT_FALSE(cuda::matmul_fp8_applies(72));
   EXPECT_THROW(cuda::matmul_fp8(nullptr, nullptr, nullptr, nullptr, 72, 8, 9, &y, nullptr, nullptr),
+               Error);
+  EXPECT_FALSE(cuda::matmul_fp8_applies(0));  // (no k: nothing to cut)
+  EXPECT_THROW(cuda::matmul_fp8(nullptr, nullptr, nullptr, nullptr, 0, 8, 9, &y, nullptr, nullptr),
                Error);
   EXPECT_THROW(cuda::tc::tensor_map_sw128(nullptr, 4, 64, 8, 8), Error);
 }
