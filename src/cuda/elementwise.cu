@@ -89,17 +89,6 @@ __device__ __forceinline__ float norm_scale(float ss, uint32_t dim, float eps) {
   return scale_s;
 }
 
-// The block's largest of every thread's `a` (a max: exact in any order).
-__device__ __forceinline__ float norm_block_max(float a) {
-  __shared__ float part[kNormThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = a;
-  __syncthreads();
-  a = threadIdx.x % 32 < kNormThreads / 32 ? part[threadIdx.x % 32] : 0.0f;
-  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-  return a;
-}
-
 // With out8 (rows held in registers only): the output's E4M3 codes and
 // row scales as quantize_fp8_rows makes them from out, for the FP8
 // product that reads it next.
@@ -175,7 +164,7 @@ __global__ void __launch_bounds__(kNormThreads)
           if (p < n_pieces && static_cast<uint32_t>(e) < len(p)) a = fmaxf(a, fabsf(v[k].v[e]));
       }
       float inv;
-      const float s8 = fp8_row_scale(norm_block_max(a), &inv);
+      const float s8 = fp8_row_scale(block_max<kNormThreads>(a), &inv);
       if (t == 0) out8.scales[blockIdx.x] = s8;
       uint8_t* c = out8.codes + size_t{blockIdx.x} * dim;
 #pragma unroll

@@ -34,17 +34,6 @@ __device__ __forceinline__ float load_value(const void* p, size_t i) {
     return detail::h2f(static_cast<const uint16_t*>(p)[i]);
 }
 
-// The block's largest of every thread's `a` (a max: exact in any order).
-__device__ __forceinline__ float block_max(float a) {
-  __shared__ float part[kQuantThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = a;
-  __syncthreads();
-  a = part[threadIdx.x % 32];
-  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-  return a;
-}
-
 // One block per row: the row's largest magnitude, then each value times
 // 448 / max rounded to E4M3. kVec: F32 rows of at most kRegRow values, a
 // multiple of 4, read once into registers as float4s.
@@ -69,7 +58,7 @@ __global__ void __launch_bounds__(kQuantThreads)
       a = fmaxf(a, fabsf(load_value<T>(x, row + i)));
   }
   float inv;
-  const float scale = detail::fp8_row_scale(block_max(a), &inv);
+  const float scale = detail::fp8_row_scale(detail::block_max<kQuantThreads>(a), &inv);
   if (threadIdx.x == 0) scales[blockIdx.x] = scale;
   if constexpr (kVec) {
     uint32_t* out = reinterpret_cast<uint32_t*>(codes + row);
