@@ -2,6 +2,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "cuda/common_impl.cuh"
@@ -334,6 +335,15 @@ __global__ void fp8_split_sum_kernel(const float* __restrict__ part, uint32_t sp
 struct Fp8Plan {
   uint32_t bn, row_tiles, col_tiles, splits, split_tiles;
 };
+// The fewest stages a split may have (FERRY_CUDA_FP8_MIN_STAGES, a measuring knob).
+uint32_t min_split_stages() {
+  static const uint32_t v = [] {
+    const char* e = std::getenv("FERRY_CUDA_FP8_MIN_STAGES");
+    const unsigned long n = e ? std::strtoul(e, nullptr, 10) : 4;
+    return static_cast<uint32_t>(n < 1 ? 1 : n);
+  }();
+  return v;
+}
 Fp8Plan fp8_plan(size_t n_in, size_t n_out, size_t n_rows) {
   Fp8Plan p{};
   p.bn = n_rows <= 32 ? 32 : 64;
@@ -342,7 +352,8 @@ Fp8Plan fp8_plan(size_t n_in, size_t n_out, size_t n_rows) {
   const uint32_t k_tiles = static_cast<uint32_t>((n_in + kWgK - 1) / kWgK);
   const size_t wave = 2 * tc::device_sms();
   const uint32_t splits = static_cast<uint32_t>(std::max<size_t>(
-      std::min<size_t>(wave / (size_t{p.col_tiles} * p.row_tiles), k_tiles / 4), 1));
+      std::min<size_t>(wave / (size_t{p.col_tiles} * p.row_tiles), k_tiles / min_split_stages()),
+      1));
   p.split_tiles = (k_tiles + splits - 1) / splits;
   p.splits = (k_tiles + p.split_tiles - 1) / p.split_tiles;
   return p;
