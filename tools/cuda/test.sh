@@ -17,7 +17,7 @@ if [[ ! -x $build/tests/test_cuda ]]; then
   cmake --build "$build" -j"$(nproc)" --target test_cuda ferry
 fi
 # Libraries a build made on another machine may need: Debian's cpp-httplib
-# (carried in .devlibs by whoever copied the build) and the CUDA toolkit's
+# (carried in .devlibs: tools/cuda/pack-build.sh) and the CUDA toolkit's
 # cuBLAS.
 for d in "$PWD/.devlibs" /usr/local/cuda/lib64 /usr/local/cuda/lib; do
   [[ -d $d ]] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
