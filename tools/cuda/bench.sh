@@ -92,7 +92,9 @@ done
 # llama-batched-bench, or that file xz-compressed to fit a device call, in
 # LLAMA_CUDA_BIN): a static batch of N sequences of 128 prompt + 128
 # generated tokens each, N = 1 for a single stream (its output tok/s: N *
-# 128 / total time, the figure `ferry bench` gives; TG: decode only).
+# 128 / total time, the figure `ferry bench` gives; TG: decode only), and
+# the ratio of each ferry run of the same call (run RUNS=...,llamacpp
+# after ferry's groups) to llama.cpp at the same stream count.
 if has llamacpp; then
   lbin=${LLAMA_CUDA_BIN:-$PWD/.peers}
   lbb=$lbin/llama-batched-bench
@@ -106,13 +108,26 @@ if has llamacpp; then
     "$lbb" -m "$model" -c $((maxb * 256)) -b 8192 -ub 2048 -npp 128 -ntg 128 \
       -npl "1,$batches" -ngl 99 -fa on --output-format jsonl >"$out/llamacpp-$t-batched.log" 2>&1 ||
       echo "llama-batched-bench failed (log: $out/llamacpp-$t-batched.log)"
-    python3 - "$out/llamacpp-$t-batched.log" "$t" <<'PY' || true
-import json, sys
+    # Then each ferry run of this type already in OUT_DIR (same call) against
+    # llama.cpp at the same stream count: output tok/s, ferry / llama.cpp.
+    python3 - "$out/llamacpp-$t-batched.log" "$t" "$out" <<'PY' || true
+import glob, json, os, re, sys
+peer = {}
 for line in open(sys.argv[1]):
     if line.startswith("{"):
         r = json.loads(line)
-        print(f"llama.cpp {sys.argv[2]:7s} batch {r['pl']:4d}: out {r['pl'] * r['tg'] / r['t']:9.1f} tok/s  "
+        peer[r["pl"]] = r["pl"] * r["tg"] / r["t"]
+        print(f"llama.cpp {sys.argv[2]:7s} batch {r['pl']:4d}: out {peer[r['pl']]:9.1f} tok/s  "
               f"TG {r['speed_tg']:9.1f} tok/s  PP {r['speed_pp']:9.1f} tok/s  total {r['t']:.2f} s", flush=True)
+for path in sorted(glob.glob(os.path.join(sys.argv[3], f"{sys.argv[2]}-*.json"))):
+    m = re.fullmatch(r".*-(single|c(\d+))\.json", os.path.basename(path))
+    if not m:
+        continue
+    n = 1 if m.group(1) == "single" else int(m.group(2))
+    if n in peer:
+        mine = json.load(open(path))["output_tok_s"]
+        print(f"ratio {os.path.basename(path)[:-5]:24s} {mine:9.1f} / llama.cpp {peer[n]:9.1f} = "
+              f"{mine / peer[n]:.2f}x", flush=True)
 PY
   done
 fi
