@@ -14,6 +14,12 @@
 //   gpu_matmul_bench --q8 [--sweep] int8 mode instead: cuda::matmul_q8 on
 //   Q4_K and Q6_K weights (every variant with --sweep), quantize_q8, and
 //   matmul_gguf (exact mode) on the same weights.
+//   gpu_matmul_bench --fp8           --fp8's products instead: gemv_fp8 (1-8
+//   rows) or matmul_fp8 (9-64, with its split sum; Hopper), cuBLASLt's
+//   FP8 product (Fp8Gemm) and quantize_fp8_rows, back to back and alone
+//   (one call on an idle GPU: what a step's chain of kernels pays). Its
+//   environment knobs (FERRY_CUDA_FP8_MIN_STAGES, FERRY_CUDA_PRE_STAGES)
+//   apply, so one binary times their variants.
 // Built with -DFERRY_CUDA=ON (tests/CMakeLists.txt); needs a GPU.
 //
 // Seen on an H200 (2026-12-02; copy 4235 GB/s, cuBLAS 791 TFLOP/s), matmul_tc
@@ -36,12 +42,14 @@
 #include "core/dtype.h"
 #include "core/half.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/fp8.h"
 #include "cuda/matmul_q8.cuh"
 #include "cuda/matmul_tc.cuh"
 #include "gpu_bench_util.h"
 
 using namespace ferry;
 using ferry::bench::random_bf16;
+using ferry::bench::time_alone;
 using ferry::bench::time_launches;
 
 namespace {
@@ -141,14 +149,92 @@ void q8_bench(bool sweep, double copy_gbs) {
     }
 }
 
+// --fp8: the FP8 products per shape and row count (E4M3 codes of random
+// bf16 weights, rotated over copies L2 cannot hold). GB/s counts the
+// weight codes only (what bounds these products); %HBM is of the device
+// copy measured first.
+void fp8_bench(double copy_gbs) {
+  const Shape shapes[] = {{"kv 4096->1024", 4096, 1024},
+                          {"qo 4096->4096", 4096, 4096},
+                          {"up 4096->14336", 4096, 14336},
+                          {"down 14336->4096", 14336, 4096}};
+  const size_t row_counts[] = {1, 4, 8, 9, 16, 32, 34, 48, 64};
+  const size_t max_rows = 64;
+  const bool mma = cuda::matmul_fp8_applies(4096);
+  void* workspace = nullptr;
+  const size_t ws_bytes = size_t{32} << 20;
+  CK(cudaMalloc(&workspace, ws_bytes));
+  cuda::Fp8Gemm gemm(workspace, ws_bytes);
+  std::printf("\n%-18s %4s %-11s %8s %8s %6s %5s | %8s %8s | %8s\n", "shape", "rows", "kernel",
+              "us", "alone us", "GB/s", "%HBM", "cublasLt", "alone us", "quant us");
+  for (const Shape& s : shapes) {
+    const size_t wn = s.n_in * s.n_out;
+    const size_t copies = std::max<size_t>(2, ((size_t{256} << 20) + wn - 1) / wn);
+    uint16_t* wb = random_bf16(wn);
+    std::vector<uint8_t*> w(copies);
+    float* ws = nullptr;
+    CK(cudaMalloc(&ws, s.n_out * 4));
+    for (auto& p : w) {
+      CK(cudaMalloc(&p, wn));
+      cuda::quantize_fp8_rows(wb, DType::BF16, s.n_out, s.n_in, p, ws, nullptr);
+    }
+    CK(cudaFree(wb));
+    uint16_t* xb = random_bf16(max_rows * s.n_in);
+    uint8_t* xc = nullptr;
+    float *xs = nullptr, *y = nullptr;
+    CK(cudaMalloc(&xc, max_rows * s.n_in));
+    CK(cudaMalloc(&xs, max_rows * 4));
+    CK(cudaMalloc(&y, max_rows * s.n_out * 4));
+    cuda::quantize_fp8_rows(xb, DType::BF16, max_rows, s.n_in, xc, xs, nullptr);
+    size_t scratch_bytes = 1;
+    for (size_t rows : row_counts)
+      scratch_bytes = std::max({scratch_bytes, cuda::matmul_fp8_scratch(s.n_in, s.n_out, rows),
+                                gemm.scratch_bytes(s.n_out, rows)});
+    void* scratch = nullptr;
+    CK(cudaMalloc(&scratch, scratch_bytes));
+    // (Every kernel loads its first weights before its dependency wait:
+    // the weights were written above, long before.)
+    CK(cudaDeviceSynchronize());
+    for (size_t rows : row_counts) {
+      const bool gemv = rows <= cuda::kFp8GemvRows;
+      if (!gemv && !mma) continue;
+      const auto ours = [&](size_t i) {
+        const size_t c = i % copies;
+        if (gemv)
+          cuda::gemv_fp8(w[c], ws, xb, s.n_in, s.n_out, rows, y, nullptr);
+        else
+          cuda::matmul_fp8(w[c], ws, xc, xs, s.n_in, s.n_out, rows, y, scratch, nullptr);
+      };
+      const auto lt = [&](size_t i) {
+        gemm.product(w[i % copies], ws, xc, xs, s.n_in, s.n_out, rows, y, scratch, nullptr);
+      };
+      const double t = time_launches(ours, 15), ta = time_alone(ours, 15);
+      const double tl = time_launches(lt, 9), tla = time_alone(lt, 9);
+      const double tq = time_launches(
+          [&](size_t) { cuda::quantize_fp8_rows(xb, DType::BF16, rows, s.n_in, xc, xs, nullptr); },
+          9);
+      std::printf("%-18s %4zu %-11s %8.1f %8.1f %6.0f %4.0f%% | %8.1f %8.1f | %8.1f\n", s.name,
+                  rows, gemv ? "gemv_fp8" : "matmul_fp8", t * 1e6, ta * 1e6, wn / t / 1e9,
+                  100 * wn / t / 1e9 / copy_gbs, tl * 1e6, tla * 1e6, tq * 1e6);
+      std::fflush(stdout);
+    }
+    for (auto* p : w) CK(cudaFree(p));
+    for (void* p : {static_cast<void*>(ws), static_cast<void*>(xb), static_cast<void*>(xc),
+                    static_cast<void*>(xs), static_cast<void*>(y), scratch})
+      CK(cudaFree(p));
+  }
+  CK(cudaFree(workspace));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool sweep = false, q8 = false;
+  bool sweep = false, q8 = false, fp8 = false;
   std::vector<size_t> only_rows;  // --sweep=1,8: sweep these row counts only
   for (int i = 1; i < argc; ++i) {
     sweep = sweep || std::strncmp(argv[i], "--sweep", 7) == 0;
     q8 = q8 || std::strcmp(argv[i], "--q8") == 0;
+    fp8 = fp8 || std::strcmp(argv[i], "--fp8") == 0;
     if (std::strncmp(argv[i], "--sweep=", 8) == 0)
       for (const char* p = argv[i] + 8; *p != 0;) {
         char* end = nullptr;
@@ -195,6 +281,11 @@ int main(int argc, char** argv) {
                 copy_gbs, peak_tflops);
   }
 
+  if (fp8) {
+    fp8_bench(copy_gbs);
+    cublasDestroy(blas);
+    return 0;
+  }
   if (q8) {
     q8_bench(sweep, copy_gbs);
     cublasDestroy(blas);
