@@ -15,9 +15,10 @@
 //   Q4_K and Q6_K weights (every variant with --sweep), quantize_q8, and
 //   matmul_gguf (exact mode) on the same weights.
 //   gpu_matmul_bench --fp8           --fp8's products instead: gemv_fp8 (1-8
-//   rows) or matmul_fp8 (9-64, with its split sum; Hopper), cuBLASLt's
-//   FP8 product (Fp8Gemm) and quantize_fp8_rows, back to back and alone
-//   (one call on an idle GPU: what a step's chain of kernels pays). Its
+//   rows), matmul_fp8 (with its split sum; Hopper), cuBLASLt's FP8
+//   product (Fp8Gemm) and quantize_fp8_rows, back to back (and the mma
+//   kernels alone: one call on an idle GPU, what a step's chain of kernels
+//   pays). Its
 //   environment knobs (FERRY_CUDA_FP8_MIN_STAGES, FERRY_CUDA_PRE_STAGES)
 //   apply, so one binary times their variants.
 // Built with -DFERRY_CUDA=ON (tests/CMakeLists.txt); needs a GPU.
@@ -158,15 +159,15 @@ void fp8_bench(double copy_gbs) {
                           {"qo 4096->4096", 4096, 4096},
                           {"up 4096->14336", 4096, 14336},
                           {"down 14336->4096", 14336, 4096}};
-  const size_t row_counts[] = {1, 4, 8, 9, 16, 32, 34, 48, 64};
+  const size_t row_counts[] = {1, 2, 3, 4, 5, 6, 8, 9, 16, 32, 34, 48, 64};
   const size_t max_rows = 64;
-  const bool mma = cuda::matmul_fp8_applies(4096);
+  const bool mma_ok = cuda::matmul_fp8_applies(4096);
   void* workspace = nullptr;
   const size_t ws_bytes = size_t{32} << 20;
   CK(cudaMalloc(&workspace, ws_bytes));
   cuda::Fp8Gemm gemm(workspace, ws_bytes);
-  std::printf("\n%-18s %4s %-11s %8s %8s %6s %5s | %8s %8s | %8s\n", "shape", "rows", "kernel",
-              "us", "alone us", "GB/s", "%HBM", "cublasLt", "alone us", "quant us");
+  std::printf("\n%-18s %4s %8s | %8s %8s %6s %5s | %8s %8s | %8s\n", "shape", "rows", "gemv us",
+              "mma us", "alone us", "GB/s", "%HBM", "cublasLt", "alone us", "quant us");
   for (const Shape& s : shapes) {
     const size_t wn = s.n_in * s.n_out;
     const size_t copies = std::max<size_t>(2, ((size_t{256} << 20) + wn - 1) / wn);
@@ -196,26 +197,24 @@ void fp8_bench(double copy_gbs) {
     // the weights were written above, long before.)
     CK(cudaDeviceSynchronize());
     for (size_t rows : row_counts) {
-      const bool gemv = rows <= cuda::kFp8GemvRows;
-      if (!gemv && !mma) continue;
-      const auto ours = [&](size_t i) {
-        const size_t c = i % copies;
-        if (gemv)
-          cuda::gemv_fp8(w[c], ws, xb, s.n_in, s.n_out, rows, y, nullptr);
-        else
-          cuda::matmul_fp8(w[c], ws, xc, xs, s.n_in, s.n_out, rows, y, scratch, nullptr);
+      const auto gemv = [&](size_t i) {
+        cuda::gemv_fp8(w[i % copies], ws, xb, s.n_in, s.n_out, rows, y, nullptr);
+      };
+      const auto mma = [&](size_t i) {
+        cuda::matmul_fp8(w[i % copies], ws, xc, xs, s.n_in, s.n_out, rows, y, scratch, nullptr);
       };
       const auto lt = [&](size_t i) {
         gemm.product(w[i % copies], ws, xc, xs, s.n_in, s.n_out, rows, y, scratch, nullptr);
       };
-      const double t = time_launches(ours, 15), ta = time_alone(ours, 15);
+      const double tg = rows <= cuda::kFp8GemvRows ? time_launches(gemv, 15) : 0;
+      const double t = mma_ok ? time_launches(mma, 15) : 0, ta = mma_ok ? time_alone(mma, 15) : 0;
       const double tl = time_launches(lt, 9), tla = time_alone(lt, 9);
       const double tq = time_launches(
           [&](size_t) { cuda::quantize_fp8_rows(xb, DType::BF16, rows, s.n_in, xc, xs, nullptr); },
           9);
-      std::printf("%-18s %4zu %-11s %8.1f %8.1f %6.0f %4.0f%% | %8.1f %8.1f | %8.1f\n", s.name,
-                  rows, gemv ? "gemv_fp8" : "matmul_fp8", t * 1e6, ta * 1e6, wn / t / 1e9,
-                  100 * wn / t / 1e9 / copy_gbs, tl * 1e6, tla * 1e6, tq * 1e6);
+      std::printf("%-18s %4zu %8.1f | %8.1f %8.1f %6.0f %4.0f%% | %8.1f %8.1f | %8.1f\n", s.name,
+                  rows, tg * 1e6, t * 1e6, ta * 1e6, t > 0 ? wn / t / 1e9 : 0.0,
+                  t > 0 ? 100 * wn / t / 1e9 / copy_gbs : 0.0, tl * 1e6, tla * 1e6, tq * 1e6);
       std::fflush(stdout);
     }
     for (auto* p : w) CK(cudaFree(p));

@@ -351,6 +351,12 @@ class CudaBackend final : public model::Backend {
     // step above gemv_fp8's rows to cuBLASLt).
     if (const char* rows = std::getenv("FERRY_CUDA_FP8_MMA_ROWS"))
       fp8_mma_rows_ = std::strtoull(rows, nullptr, 10);
+    // --fp8: decode steps of up to this many rows take gemv_fp8 (bf16
+    // activations), larger ones the FP8 mma products (FERRY_CUDA_FP8_GEMV_ROWS,
+    // at most kFp8GemvRows, the default). Session 42's kernel timings favour
+    // 3 (gpu_matmul_bench --fp8; docs/CUDA.md); not yet run end to end.
+    if (const char* rows = std::getenv("FERRY_CUDA_FP8_GEMV_ROWS"))
+      fp8_gemv_rows_ = std::min<size_t>(std::strtoull(rows, nullptr, 10), kFp8GemvRows);
     if (const char* codes = std::getenv("FERRY_CUDA_FP8_CODES"))
       fp8_codes_ = std::strcmp(codes, "0") != 0;
     // "0": attention reads nothing before its dependency wait; "stage": it
@@ -455,7 +461,7 @@ class CudaBackend final : public model::Backend {
     return w.data + (w.n_out * sizeof(float) + 255) / 256 * 256;
   }
   // Whether matmul_fp8 (rather than cuBLASLt) takes an FP8 product of
-  // n_rows > kFp8GemvRows rows.
+  // n_rows > fp8_gemv_rows_ rows.
   bool fp8_mma_takes(size_t n_in, size_t n_rows) const {
     return n_rows <= fp8_mma_rows_ && matmul_fp8_applies(n_in);
   }
@@ -475,7 +481,7 @@ class CudaBackend final : public model::Backend {
     Fp8RowsOut rows;
   };
   Fp8RowsOut fp8_copy_for(const float* out, size_t n_rows, size_t dim) {
-    if (!fp8_ || !fp8_codes_ || !dense_weights_ || n_rows <= kFp8GemvRows || dim % 16 != 0)
+    if (!fp8_ || !fp8_codes_ || !dense_weights_ || n_rows <= fp8_gemv_rows_ || dim % 16 != 0)
       return {};
     const size_t codes = (n_rows * dim + 255) / 256 * 256;
     auto* p = static_cast<uint8_t*>(x8n_.get(codes + n_rows * sizeof(float), stream_));
@@ -652,7 +658,7 @@ class CudaBackend final : public model::Backend {
     for (size_t i = 0; i < ws.size(); ++i) {
       const kernels::WeightView& w = ws[i];
       const bool small = opts_.deterministic || n_rows <= kFastMatvecRows;
-      if (w.type == kFp8 && n_rows <= kFp8GemvRows) {
+      if (w.type == kFp8 && n_rows <= fp8_gemv_rows_) {
         // Decode: the codes against x's bf16 copy, one launch.
         if (!xb) xb = to_bf16(x, n_rows * w.n_in);
         gemv_fp8(fp8_codes(w), fp8_scales(w), xb, w.n_in, w.n_out, n_rows, ys[i], stream_);
@@ -1353,7 +1359,7 @@ class CudaBackend final : public model::Backend {
   Growable x8_;                   // --fp8: a call's activations as E4M3 codes, scales, bf16 acc
   Growable x8n_;                  // --fp8: a norm's output as E4M3 codes and scales (fp8_copy_)
   std::unique_ptr<Fp8Gemm> fp8_;  // --fp8: cuBLASLt's FP8 products
-  bool dense_weights_ = false;  // a BF16/F16 weight was loaded
+  bool dense_weights_ = false;    // a BF16/F16 weight was loaded
   Bf16Copy bf16_copy_;
   // Staging for uploads: pinned host memory and its device twin.
   void* pinned_ = nullptr;
@@ -1390,9 +1396,10 @@ class CudaBackend final : public model::Backend {
   const uint16_t* step_jobs_bf16_ = nullptr;
   PendingRope pending_rope_;
   PendingQkv qkv_;
-  bool fuse_qkv_ = true;  // FERRY_CUDA_FUSE_QKV=0: off
-  size_t fp8_mma_rows_ = kFp8MmaRows;  // FERRY_CUDA_FP8_MMA_ROWS
-  bool fp8_codes_ = true;              // FERRY_CUDA_FP8_CODES
+  bool fuse_qkv_ = true;                 // FERRY_CUDA_FUSE_QKV=0: off
+  size_t fp8_mma_rows_ = kFp8MmaRows;    // FERRY_CUDA_FP8_MMA_ROWS
+  size_t fp8_gemv_rows_ = kFp8GemvRows;  // FERRY_CUDA_FP8_GEMV_ROWS
+  bool fp8_codes_ = true;                // FERRY_CUDA_FP8_CODES
   Fp8Copy fp8_copy_;
   std::unique_ptr<StepProfile> profile_;
   size_t n_tokens_ = 0;  // this step's token rows

@@ -266,7 +266,8 @@ TEST_F(Fp8Test, DecodeKernelMatchesCodesMultipliedOut) {
 // Steps of more rows (matmul_fp8): E4M3 codes against quantized
 // activations on the FP8 mma, against the same codes multiplied out in
 // double, with the tolerance of cuBLASLt's product above (the kernel adds
-// the tensor core's sums of 128 products in f32). Row counts from 9 to
+// the tensor core's sums of 128 products in f32). Row counts from 1
+// (FERRY_CUDA_FP8_GEMV_ROWS below 8 gives it decode steps) to
 // several row tiles (of 32 or 64 rows), column counts that are not a
 // multiple of a tile's 64, k split over CTAs and not (narrow products
 // split, 8,192 columns do not), and n_in of less than one stage of 128
@@ -281,10 +282,11 @@ TEST_F(Fp8Test, MmaKernelMatchesCodesMultipliedOut) {
     size_t n_in, n_out, n_rows;
   };
   for (const Shape s :
-       {Shape{64, 33, 9}, Shape{128, 40, 16}, Shape{4096, 1024, 17}, Shape{4096, 1024, 64},
-        Shape{256, 100, 65}, Shape{192, 72, 130}, Shape{14336, 96, 33}, Shape{64, 8192, 24},
-        Shape{128, 8200, 57}, Shape{4112, 200, 40}, Shape{208, 64, 32}, Shape{256, 704, 20},
-        Shape{384, 2624, 40}, Shape{384, 2500, 70}}) {
+       {Shape{64, 33, 9}, Shape{128, 40, 16}, Shape{4096, 1024, 1}, Shape{4096, 520, 4},
+        Shape{14336, 200, 8}, Shape{4096, 1024, 17}, Shape{4096, 1024, 64}, Shape{256, 100, 65},
+        Shape{192, 72, 130}, Shape{14336, 96, 33}, Shape{64, 8192, 24}, Shape{128, 8200, 57},
+        Shape{4112, 200, 40}, Shape{208, 64, 32}, Shape{256, 704, 20}, Shape{384, 2624, 40},
+        Shape{384, 2500, 70}}) {
     Fp8Operands o(rng, s.n_in, s.n_out, s.n_rows);
     DeviceBuffer<uint8_t> scratch(
         std::max<size_t>(cuda::matmul_fp8_scratch(s.n_in, s.n_out, s.n_rows), 1));
