@@ -18,9 +18,8 @@
 //   rows), matmul_fp8 (with its split sum; Hopper), cuBLASLt's FP8
 //   product (Fp8Gemm) and quantize_fp8_rows, back to back (and the mma
 //   kernels alone: one call on an idle GPU, what a step's chain of kernels
-//   pays). Its
-//   environment knobs (FERRY_CUDA_FP8_MIN_STAGES, FERRY_CUDA_PRE_STAGES)
-//   apply, so one binary times their variants.
+//   pays). Its environment knobs (FERRY_CUDA_FP8_MIN_STAGES,
+//   FERRY_CUDA_PRE_STAGES) apply, so one binary times their variants.
 // Built with -DFERRY_CUDA=ON (tests/CMakeLists.txt); needs a GPU.
 //
 // Seen on an H200 (2026-12-02; copy 4235 GB/s, cuBLAS 791 TFLOP/s), matmul_tc

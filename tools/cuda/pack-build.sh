@@ -6,7 +6,7 @@
 # lack (cpp-httplib and brotli) into .devlibs, where tools/cuda/test.sh and
 # tools/cuda/bench.sh look for them.
 #
-#   tools/cuda/pack-build.sh [BUILD_DIR] [OUT_TAR] [--ferry-only]
+#   tools/cuda/pack-build.sh [--ferry-only] [BUILD_DIR] [OUT_TAR]
 #
 # BUILD_DIR defaults to build-cuda, OUT_TAR to .devbuild.tar.xz (both names
 # are git-ignored; carry OUT_TAR and .devlibs). --ferry-only leaves
@@ -16,14 +16,18 @@
 #   tools/cuda/test.sh /tmp/b; tools/cuda/bench.sh /tmp/b
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-build=${1:-build-cuda}
-out=${2:-.devbuild.tar.xz}
-only_ferry=${3:-}
+only_ferry=
+args=()
+for a in "$@"; do
+  if [[ $a == --ferry-only ]]; then only_ferry=1; else args+=("$a"); fi
+done
+build=${args[0]:-build-cuda}
+out=${args[1]:-.devbuild.tar.xz}
 [[ -x $build/ferry ]] || { echo "pack-build: no $build/ferry (build with -DFERRY_CUDA=ON first)" >&2; exit 1; }
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 strip -o "$stage/ferry" "$build/ferry"
-if [[ $only_ferry != --ferry-only ]]; then
+if [[ -z $only_ferry ]]; then
   [[ -x $build/tests/test_cuda ]] || { echo "pack-build: no $build/tests/test_cuda" >&2; exit 1; }
   mkdir -p "$stage/tests"
   strip -o "$stage/tests/test_cuda" "$build/tests/test_cuda"
