@@ -47,12 +47,12 @@
 // below); the choice follows the cache's formats, never the batch.
 #include <algorithm>
 #include <cstdlib>
-#include <string>
 
 #include <cuda_bf16.h>
 
 #include "cuda/common_impl.cuh"
 #include "cuda/cuda_internal.h"
+#include "cuda/knobs.h"
 #include "cuda/ptx_impl.cuh"
 
 namespace ferry::cuda {
@@ -1877,10 +1877,7 @@ void launch_tc(const AttentionJob* jobs, size_t n_jobs, const kernels::Attention
 
 // The tc family of a call's formats (kTcNone: the scalar kernels).
 int tc_family(const AttentionFormats& f, size_t D) {
-  static const bool off = [] {
-    const char* e = std::getenv("FERRY_CUDA_ATTN_TC");
-    return e && std::string(e) == "0";
-  }();
+  static const bool off = knob_off("FERRY_CUDA_ATTN_TC");
   if (off || (D != 64 && D != 128) || f.k.kind != f.v.kind) return kTcNone;
   switch (f.k.kind) {
     case Kind::F16:
@@ -2004,10 +2001,7 @@ void launch_d(const AttentionJob* jobs, size_t n_jobs, const kernels::AttentionS
 // Shared staging for prompt chunks (attention_tc_shared_kernel); off with
 // FERRY_CUDA_ATTN_SHARED=0 (for measuring).
 static bool shared_staging() {
-  static const bool on = [] {
-    const char* e = std::getenv("FERRY_CUDA_ATTN_SHARED");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool on = !knob_off("FERRY_CUDA_ATTN_SHARED");
   return on;
 }
 

@@ -1,9 +1,9 @@
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 
 #include "core/error.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/knobs.h"
 
 namespace ferry::cuda {
 
@@ -22,10 +22,7 @@ void set_dependent_launch(std::optional<bool> on) {
 
 bool dependent_launch(int device) {
   const int forced = g_pdl_override.load(std::memory_order_relaxed);
-  static const bool env_off = [] {
-    const char* v = std::getenv("FERRY_CUDA_PDL");
-    return v != nullptr && std::strcmp(v, "0") == 0;
-  }();
+  static const bool env_off = knob_off("FERRY_CUDA_PDL");
   if (forced == 0 || (forced < 0 && env_off)) return false;
   // Capability per device, asked once (0: not yet known, 1: no, 2: yes).
   static std::atomic<int> capable[64];

@@ -19,6 +19,7 @@
 #include "cuda/cuda_internal.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/fp8.h"
+#include "cuda/knobs.h"
 #include "cuda/matmul_tc.cuh"
 #include "cuda/step_profile.h"
 
@@ -84,8 +85,7 @@ struct KvPool {
   cudaStream_t stream = nullptr;  // null once the backend's stream is gone
   KvPool(int device, cudaStream_t s) : stream(s) {
     int pools = 0;
-    const char* env = std::getenv("FERRY_CUDA_KV_POOL");  // "0": off (tests the fallback)
-    if ((env && std::strcmp(env, "0") == 0) ||
+    if (knob_off("FERRY_CUDA_KV_POOL") ||  // off: tests the fallback
         cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device) != cudaSuccess ||
         pools == 0) {
       (void)cudaGetLastError();
@@ -344,21 +344,17 @@ Pending<T, Launch> pending(Launch launch) {
 class CudaBackend final : public model::Backend {
  public:
   explicit CudaBackend(const CudaOptions& opts) : opts_(opts) {
-    const char* fuse = std::getenv("FERRY_CUDA_FUSE_QKV");  // "0": Q/K/V, rope, KV write apart
-    fuse_qkv_ = !(fuse && std::strcmp(fuse, "0") == 0);
+    fuse_qkv_ = !knob_off("FERRY_CUDA_FUSE_QKV");  // off: Q/K/V, rope, KV write apart
     // --fp8: steps of up to this many rows take ferry's FP8 mma kernel, more
     // take cuBLASLt's (for measuring: FERRY_CUDA_FP8_MMA_ROWS=0 gives every
     // step above gemv_fp8's rows to cuBLASLt).
-    if (const char* rows = std::getenv("FERRY_CUDA_FP8_MMA_ROWS"))
-      fp8_mma_rows_ = std::strtoull(rows, nullptr, 10);
+    fp8_mma_rows_ = knob_size("FERRY_CUDA_FP8_MMA_ROWS", kFp8MmaRows);
     // --fp8: decode steps of up to this many rows take gemv_fp8 (bf16
     // activations), larger ones the FP8 mma products (FERRY_CUDA_FP8_GEMV_ROWS,
     // at most kFp8GemvRows, the default). Session 42's kernel timings favour
     // 3 (gpu_matmul_bench --fp8; docs/CUDA.md); not yet run end to end.
-    if (const char* rows = std::getenv("FERRY_CUDA_FP8_GEMV_ROWS"))
-      fp8_gemv_rows_ = std::min<size_t>(std::strtoull(rows, nullptr, 10), kFp8GemvRows);
-    if (const char* codes = std::getenv("FERRY_CUDA_FP8_CODES"))
-      fp8_codes_ = std::strcmp(codes, "0") != 0;
+    fp8_gemv_rows_ = std::min(knob_size("FERRY_CUDA_FP8_GEMV_ROWS", kFp8GemvRows), kFp8GemvRows);
+    fp8_codes_ = !knob_off("FERRY_CUDA_FP8_CODES");
     // "0": attention reads nothing before its dependency wait; "stage": it
     // stages settled keys there but folds none (AttentionFormats).
     const char* early = std::getenv("FERRY_CUDA_ATTN_EARLY");
@@ -1397,9 +1393,9 @@ class CudaBackend final : public model::Backend {
   PendingRope pending_rope_;
   PendingQkv qkv_;
   bool fuse_qkv_ = true;                 // FERRY_CUDA_FUSE_QKV=0: off
-  size_t fp8_mma_rows_ = kFp8MmaRows;    // FERRY_CUDA_FP8_MMA_ROWS
-  size_t fp8_gemv_rows_ = kFp8GemvRows;  // FERRY_CUDA_FP8_GEMV_ROWS
-  bool fp8_codes_ = true;                // FERRY_CUDA_FP8_CODES
+  size_t fp8_mma_rows_;                  // FERRY_CUDA_FP8_MMA_ROWS
+  size_t fp8_gemv_rows_;                 // FERRY_CUDA_FP8_GEMV_ROWS
+  bool fp8_codes_;                       // FERRY_CUDA_FP8_CODES
   Fp8Copy fp8_copy_;
   std::unique_ptr<StepProfile> profile_;
   size_t n_tokens_ = 0;  // this step's token rows

@@ -14,6 +14,7 @@
 
 #include "cuda/common_impl.cuh"
 #include "cuda/cuda_ops.h"
+#include "cuda/knobs.h"
 #include "model/draw.h"
 
 namespace ferry::cuda {
@@ -447,12 +448,11 @@ void draw_logits(float* logits, size_t n_rows, size_t vocab, const DrawJob* jobs
   FERRY_CUDA_CHECK(cudaGetDevice(&dev));
   FERRY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   FERRY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  const char* env = std::getenv("FERRY_CUDA_DRAW_CLUSTER");
-  const int forced = env ? std::atoi(env) : 0;
+  const size_t forced = knob_size("FERRY_CUDA_DRAW_CLUSTER", 0);
   int kc = 1;
   if (major >= 9) {
     if (forced == 1 || forced == 2 || forced == 4 || forced == 8) {
-      kc = forced;
+      kc = static_cast<int>(forced);
     } else {
       while (kc < 8 && n_rows * static_cast<size_t>(kc) * 2 <= static_cast<size_t>(sms)) kc *= 2;
     }

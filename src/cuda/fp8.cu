@@ -2,12 +2,12 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "core/error.h"
 #include "cuda/common_impl.cuh"
 #include "cuda/fp8.h"
 #include "cuda/fp8_impl.cuh"
+#include "cuda/knobs.h"
 #include "cuda/matmul_tc.cuh"
 #include "cuda/ptx_impl.cuh"
 
@@ -337,11 +337,8 @@ struct Fp8Plan {
 };
 // The fewest stages a split may have (FERRY_CUDA_FP8_MIN_STAGES, a measuring knob).
 uint32_t min_split_stages() {
-  static const uint32_t v = [] {
-    const char* e = std::getenv("FERRY_CUDA_FP8_MIN_STAGES");
-    const unsigned long n = e ? std::strtoul(e, nullptr, 10) : 4;
-    return static_cast<uint32_t>(n < 1 ? 1 : n);
-  }();
+  static const uint32_t v = static_cast<uint32_t>(
+      std::clamp<size_t>(knob_size("FERRY_CUDA_FP8_MIN_STAGES", 4), 1, 1u << 16));
   return v;
 }
 Fp8Plan fp8_plan(size_t n_in, size_t n_out, size_t n_rows) {

@@ -65,6 +65,7 @@
 #include <cudaTypedefs.h>
 
 #include "cuda/common_impl.cuh"
+#include "cuda/knobs.h"
 #include "cuda/matmul_tc.cuh"
 #include "cuda/ptx_impl.cuh"
 
@@ -1282,10 +1283,8 @@ size_t device_sms() {
 }
 
 uint32_t pre_stages() {
-  static const uint32_t v = [] {
-    const char* e = std::getenv("FERRY_CUDA_PRE_STAGES");
-    return e ? static_cast<uint32_t>(std::strtoul(e, nullptr, 10)) : uint32_t{2};
-  }();
+  static const uint32_t v =
+      static_cast<uint32_t>(std::min<size_t>(knob_size("FERRY_CUDA_PRE_STAGES", 2), 1u << 16));
   return v;
 }
 

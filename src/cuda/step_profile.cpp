@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace ferry::cuda {
 
@@ -54,7 +55,10 @@ void StepProfile::end_step() {
   cudaEventRecord(event(last), stream_);
   cudaEventSynchronize(event(last));
   t_end_ = Clock::now();
-  Totals& t = tokens_ == outputs_ ? decode_ : other_;
+  size_t group = 0;  // the rest
+  if (tokens_ == outputs_)
+    for (group = 1; group < tokens_;) group *= 2;
+  Totals& t = totals_[group];
   ++t.steps;
   t.tokens += tokens_;
   t.between += between_;
@@ -72,18 +76,20 @@ void StepProfile::end_step() {
 }
 
 StepProfile::~StepProfile() {
-  for (const auto* tp : {&decode_, &other_}) {
-    const Totals& t = *tp;
-    if (t.steps == 0) continue;
+  for (const auto& [group, t] : totals_) {
     const double n = static_cast<double>(t.steps);
+    const std::string name = group == 0   ? "other steps"
+                             : group == 1 ? "decode steps of 1 row"
+                             : group == 2 ? "decode steps of 2 rows"
+                                          : "decode steps of " + std::to_string(group / 2 + 1) +
+                                                "-" + std::to_string(group) + " rows";
     std::fprintf(stderr,
                  "[cuda profile] %s: %zu steps, %.1f tokens/step; per step ms: host build %.3f, "
                  "wait %.3f, between steps %.3f (of which waiting for device work enqueued "
                  "between steps %.3f; longest gap %.3f), device span %.3f\n",
-                 tp == &decode_ ? "decode steps" : "other steps", t.steps,
-                 static_cast<double>(t.tokens) / n, 1e3 * t.build / n, 1e3 * t.wait / n,
-                 1e3 * t.between / n, 1e3 * t.between_sync / n, 1e3 * t.between_max,
-                 1e3 * t.device / n);
+                 name.c_str(), t.steps, static_cast<double>(t.tokens) / n, 1e3 * t.build / n,
+                 1e3 * t.wait / n, 1e3 * t.between / n, 1e3 * t.between_sync / n,
+                 1e3 * t.between_max, 1e3 * t.device / n);
     for (const auto& [op, s] : t.ops)
       std::fprintf(stderr, "[cuda profile]   %-12s %8.3f ms/step\n", op.c_str(), 1e3 * s / n);
   }

@@ -5,7 +5,9 @@
 // reported apart, with the longest gap), the device's span, and
 // with graphs off the device time per op (events between ops). Printed to
 // stderr when the backend is destroyed, split into decode steps (one token
-// per row) and the rest. Costs nothing when off.
+// per row), grouped by their rows in powers of two (a bench's warm-up
+// requests run steps of other sizes than its measured ones), and the rest.
+// Costs nothing when off.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -61,7 +63,9 @@ class StepProfile {
   bool open_ = false;
   Clock::time_point t_open_{}, t_begin_, t_wait_, t_end_{};
   double between_ = 0, between_sync_ = 0;
-  Totals decode_, other_;
+  // By the largest row count of the group: 1, 2, 4, ... for decode steps,
+  // 0 for the rest.
+  std::map<size_t, Totals> totals_;
 };
 
 }  // namespace ferry::cuda
