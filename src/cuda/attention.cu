@@ -46,7 +46,6 @@
 // cores instead, in three kernels of the same shapes ("tensor-core tiles"
 // below); the choice follows the cache's formats, never the batch.
 #include <algorithm>
-#include <cstdlib>
 
 #include <cuda_bf16.h>
 

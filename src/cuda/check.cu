@@ -1,5 +1,4 @@
 #include <atomic>
-#include <cstdlib>
 
 #include "core/error.h"
 #include "cuda/cuda_ops.h"

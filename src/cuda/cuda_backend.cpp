@@ -344,17 +344,6 @@ Pending<T, Launch> pending(Launch launch) {
 class CudaBackend final : public model::Backend {
  public:
   explicit CudaBackend(const CudaOptions& opts) : opts_(opts) {
-    fuse_qkv_ = !knob_off("FERRY_CUDA_FUSE_QKV");  // off: Q/K/V, rope, KV write apart
-    // --fp8: steps of up to this many rows take ferry's FP8 mma kernel, more
-    // take cuBLASLt's (for measuring: FERRY_CUDA_FP8_MMA_ROWS=0 gives every
-    // step above gemv_fp8's rows to cuBLASLt).
-    fp8_mma_rows_ = knob_size("FERRY_CUDA_FP8_MMA_ROWS", kFp8MmaRows);
-    // --fp8: decode steps of up to this many rows take gemv_fp8 (bf16
-    // activations), larger ones the FP8 mma products (FERRY_CUDA_FP8_GEMV_ROWS,
-    // at most kFp8GemvRows, the default). Session 42's kernel timings favour
-    // 3 (gpu_matmul_bench --fp8; docs/CUDA.md); not yet run end to end.
-    fp8_gemv_rows_ = std::min(knob_size("FERRY_CUDA_FP8_GEMV_ROWS", kFp8GemvRows), kFp8GemvRows);
-    fp8_codes_ = !knob_off("FERRY_CUDA_FP8_CODES");
     // "0": attention reads nothing before its dependency wait; "stage": it
     // stages settled keys there but folds none (AttentionFormats).
     const char* early = std::getenv("FERRY_CUDA_ATTN_EARLY");
@@ -1392,10 +1381,19 @@ class CudaBackend final : public model::Backend {
   const uint16_t* step_jobs_bf16_ = nullptr;
   PendingRope pending_rope_;
   PendingQkv qkv_;
-  bool fuse_qkv_ = true;                 // FERRY_CUDA_FUSE_QKV=0: off
-  size_t fp8_mma_rows_;                  // FERRY_CUDA_FP8_MMA_ROWS
-  size_t fp8_gemv_rows_;                 // FERRY_CUDA_FP8_GEMV_ROWS
-  bool fp8_codes_;                       // FERRY_CUDA_FP8_CODES
+  // Knobs (docs/CUDA.md). Off: Q/K/V, rope and the KV write launched apart.
+  const bool fuse_qkv_ = !knob_off("FERRY_CUDA_FUSE_QKV");
+  // --fp8: steps of up to this many rows take ferry's FP8 mma kernel, more
+  // take cuBLASLt's (0: every step above gemv_fp8's rows to cuBLASLt).
+  const size_t fp8_mma_rows_ = knob_size("FERRY_CUDA_FP8_MMA_ROWS", kFp8MmaRows);
+  // --fp8: decode steps of up to this many rows (at most kFp8GemvRows, the
+  // default) take gemv_fp8 (bf16 activations), larger ones the FP8 mma
+  // products. Session 42's kernel timings favour 3 (gpu_matmul_bench
+  // --fp8; docs/CUDA.md); not yet run end to end.
+  const size_t fp8_gemv_rows_ =
+      std::min(knob_size("FERRY_CUDA_FP8_GEMV_ROWS", kFp8GemvRows), kFp8GemvRows);
+  // --fp8: norms write their output's E4M3 codes (off: quantize launches).
+  const bool fp8_codes_ = !knob_off("FERRY_CUDA_FP8_CODES");
   Fp8Copy fp8_copy_;
   std::unique_ptr<StepProfile> profile_;
   size_t n_tokens_ = 0;  // this step's token rows
