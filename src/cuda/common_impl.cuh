@@ -184,11 +184,10 @@ __device__ __forceinline__ void dependency_wait() {
 #endif
 }
 
-// launch() with the grid's blocks in clusters of `cluster` blocks (Hopper
-// and later; each grid dimension a multiple of the cluster's; 1: no
-// clusters).
+// launch() with the grid's blocks in clusters of `cluster` along x (Hopper
+// and later; 1: no clusters).
 template <class... Params, class... Args>
-void launch_cluster(const char* name, void (*kernel)(Params...), dim3 grid, dim3 cluster,
+void launch_cluster(const char* name, void (*kernel)(Params...), dim3 grid, unsigned cluster,
                     dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
   int dev = 0;
   FERRY_CUDA_CHECK(cudaGetDevice(&dev));
@@ -198,9 +197,9 @@ void launch_cluster(const char* name, void (*kernel)(Params...), dim3 grid, dim3
     attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[n++].val.programmaticStreamSerializationAllowed = 1;
   }
-  if (cluster.x * cluster.y * cluster.z > 1) {
+  if (cluster > 1) {
     attrs[n].id = cudaLaunchAttributeClusterDimension;
-    attrs[n++].val.clusterDim = {cluster.x, cluster.y, cluster.z};
+    attrs[n++].val.clusterDim = {cluster, 1, 1};
   }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
