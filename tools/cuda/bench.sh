@@ -11,8 +11,19 @@
 # Environment: SHAPE (llama-3.1-8b), TYPES (bf16), RUNS (which groups:
 # single,batch,kv,hf; also llamacpp, with LLAMA_CUDA_BIN), BATCHES
 # (64,256), MODES (deterministic,fast; also nographs: deterministic without
-# CUDA graphs; fp8: fast mode with --fp8, the layers' weights in FP8), MATMUL (int8 or exact: --matmul for quantized weights;
-# ferry's default, int8, if unset), KV_Q8 (set: also 8-bit KV at 4k).
+# CUDA graphs; fp8: fast mode with --fp8, the layers' weights in FP8),
+# MATMUL (int8 or exact: --matmul for quantized weights; ferry's default,
+# int8, if unset), KV_Q8 (set: also 8-bit KV at 4k), DEVICE (cuda; cpu
+# runs the same commands on the CPU, to try this script without a GPU).
+# Comparing builds or settings in one call (an A/B run):
+#   VARIANTS="NAME=DIR[:VAR=VALUE,...] ..." each variant's ferry is
+#     DIR/ferry, run with those environment variables set; BUILD_DIR is
+#     then unused. E.g. VARIANTS="main=/tmp/a exp=/tmp/b g1=/tmp/b:FERRY_CUDA_FP8_GROUP=1"
+#   ROUNDS (1) every run repeated, all variants in turn within a round,
+#     so a shared machine's drift falls on every variant alike.
+# Runs are then named TAG.NAME.rK (JSON in OUT_DIR), and a table at the
+# end gives each variant's figures, their mean and its ratio to the first
+# variant's mean.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build-cuda}
@@ -21,25 +32,63 @@ shape=${SHAPE:-llama-3.1-8b}
 types=${TYPES:-bf16}
 runs=${RUNS:-single,batch,kv,hf}
 batches=${BATCHES:-64,256}
+device=${DEVICE:-cuda}
+rounds=${ROUNDS:-1}
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "bench: ROUNDS must be a positive number" >&2; exit 2; }
 mkdir -p "$out"
-if [[ ! -x $build/ferry ]]; then
-  cmake -S . -B "$build" -DFERRY_CUDA=ON -DCMAKE_BUILD_TYPE=Release
-  cmake --build "$build" -j"$(nproc)" --target ferry
+# The variants: name, build directory, environment (VAR=VALUE,...).
+vnames=() vdirs=() venvs=()
+if [[ -n ${VARIANTS:-} ]]; then
+  for v in $VARIANTS; do
+    [[ $v == ?*=?* ]] || { echo "bench: variant '$v' is not NAME=DIR[:VAR=VALUE,...]" >&2; exit 2; }
+    rest=${v#*=}
+    vnames+=("${v%%=*}") vdirs+=("${rest%%:*}")
+    if [[ $rest == *:* ]]; then venvs+=("${rest#*:}"); else venvs+=(""); fi
+    [[ ${vnames[-1]} =~ ^[A-Za-z0-9_+-]+$ ]] ||
+      { echo "bench: variant name '${vnames[-1]}': letters, digits, _ + - only" >&2; exit 2; }
+    [[ -x ${vdirs[-1]}/ferry ]] || { echo "bench: no ${vdirs[-1]}/ferry (variant ${vnames[-1]})" >&2; exit 2; }
+  done
+else
+  if [[ ! -x $build/ferry ]]; then
+    cmake -S . -B "$build" -DFERRY_CUDA=ON -DCMAKE_BUILD_TYPE=Release
+    cmake --build "$build" -j"$(nproc)" --target ferry
+  fi
+  vnames=("") vdirs=("$build") venvs=("")
 fi
 for d in "$PWD/.devlibs" /usr/local/cuda/lib64 /usr/local/cuda/lib; do
   [[ -d $d ]] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+fi
 models=${MODEL_DIR:-/tmp/ferry-models}
 mkdir -p "$models"
 has() { [[ ,$runs, == *,$1,* ]]; }
 
-# ferry bench NAME ARGS...: one run, its JSON kept, one summary line.
+# ferry bench NAME ARGS...: one run per variant and round, each JSON kept
+# and summed up in one line.
 fb() {
-  local name=$1 t0
+  local base=$1 r i
+  shift
+  for ((r = 1; r <= rounds; r++)); do
+    for i in "${!vnames[@]}"; do
+      local name=$base
+      [[ -n ${vnames[i]} ]] && name+=.${vnames[i]}
+      ((rounds > 1)) && name+=.r$r
+      local envs=()
+      [[ -n ${venvs[i]} ]] && IFS=, read -ra envs <<<"${venvs[i]}"
+      fb1 "$name" "${vdirs[i]}/ferry" "${envs[@]}" -- "$@"
+    done
+  done
+}
+# fb1 NAME FERRY [VAR=VALUE...] -- ARGS...: one run.
+fb1() {
+  local name=$1 bin=$2 t0 envs=()
+  shift 2
+  while [[ $1 != -- ]]; do envs+=("$1"); shift; done
   shift
   t0=$(date +%s)
-  "$build/ferry" bench --device cuda --quiet --json "$@" >"$out/$name.json"
+  env "${envs[@]}" "$bin" bench --device "$device" --quiet --json "$@" >"$out/$name.json"
   python3 - "$out/$name.json" "$name" "$(($(date +%s) - t0))" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
@@ -120,7 +169,7 @@ for line in open(sys.argv[1]):
         print(f"llama.cpp {sys.argv[2]:7s} batch {r['pl']:4d}: out {peer[r['pl']]:9.1f} tok/s  "
               f"TG {r['speed_tg']:9.1f} tok/s  PP {r['speed_pp']:9.1f} tok/s  total {r['t']:.2f} s", flush=True)
 for path in sorted(glob.glob(os.path.join(sys.argv[3], f"{sys.argv[2]}-*.json"))):
-    m = re.fullmatch(r".*-(single|c(\d+))\.json", os.path.basename(path))
+    m = re.fullmatch(r".*-(single|c(\d+))(\.[^.]+)*\.json", os.path.basename(path))
     if not m:
         continue
     n = 1 if m.group(1) == "single" else int(m.group(2))
@@ -135,4 +184,33 @@ fi
 if has hf; then
   PYTHONUNBUFFERED=1 python3 tools/cuda/hf_peer.py --shape "$shape" --batches "$batches" \
     --json "$out/hf.json" || echo "transformers peer failed"
+fi
+
+# An A/B run's table: each run group's figures by variant and round.
+if [[ -n ${VARIANTS:-} ]] || ((rounds > 1)); then
+  python3 - "$out" "${vnames[@]}" <<'PY'
+import glob, json, os, re, sys
+out, names = sys.argv[1], sys.argv[2:]
+runs = {}  # run group -> variant -> output tok/s of each round
+for path in sorted(glob.glob(os.path.join(out, "*.json"))):
+    parts = os.path.basename(path)[:-5].split(".")
+    if re.fullmatch(r"r\d+", parts[-1]):
+        parts.pop()
+    try:
+        tok_s = json.load(open(path))["output_tok_s"]
+    except (KeyError, TypeError, ValueError):
+        continue
+    runs.setdefault(parts[0], {}).setdefault(parts[1] if len(parts) > 1 else "", []).append(tok_s)
+print("A/B: output tok/s by round, their mean, and the mean against the first variant's")
+for group in sorted(runs):
+    first = None
+    for name in names:
+        vals = runs[group].get(name)
+        if not vals:
+            continue
+        mean = sum(vals) / len(vals)
+        first = first or mean
+        print(f"{group:24s} {name or '-':10s} " + " ".join(f"{v:9.1f}" for v in vals) +
+              f"   mean {mean:9.1f}  {mean / first:.3f}x", flush=True)
+PY
 fi
