@@ -15,12 +15,11 @@
 //   Q4_K and Q6_K weights (every variant with --sweep), quantize_q8, and
 //   matmul_gguf (exact mode) on the same weights.
 //   gpu_matmul_bench --fp8           --fp8's products instead: gemv_fp8 (1-8
-//   rows), matmul_fp8 (Hopper), cuBLASLt's FP8 product (Fp8Gemm) and
-//   quantize_fp8_rows, back to back (and the mma kernels alone: one call on
-//   an idle GPU, what a step's chain of kernels pays); then Q/K/V and gate
-//   + up as separate matmul_fp8 launches and as one matmul_fp8_many. Its
-//   environment knobs (FERRY_CUDA_FP8_MIN_STAGES, FERRY_CUDA_PRE_STAGES)
-//   apply, so one binary times their variants.
+//   rows), matmul_fp8 (with its split sum; Hopper), cuBLASLt's FP8
+//   product (Fp8Gemm) and quantize_fp8_rows, back to back (and the mma
+//   kernels alone: one call on an idle GPU, what a step's chain of kernels
+//   pays). Its environment knobs (FERRY_CUDA_FP8_MIN_STAGES,
+//   FERRY_CUDA_PRE_STAGES) apply, so one binary times their variants.
 // Built with -DFERRY_CUDA=ON (tests/CMakeLists.txt); needs a GPU.
 //
 // Seen on an H200 (2026-12-02; copy 4235 GB/s, cuBLAS 791 TFLOP/s), matmul_tc
@@ -36,9 +35,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
-#include <memory>
 #include <random>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -152,52 +149,6 @@ void q8_bench(bool sweep, double copy_gbs) {
     }
 }
 
-// E4M3 codes of a random bf16 weight [n_out, n_in], in enough copies
-// (>= 256 MB in all, with `others` bytes of other weights rotated beside
-// them) that L2 cannot hold them, with their column scales.
-struct Fp8Codes {
-  std::vector<uint8_t*> w;
-  float* scales = nullptr;
-  Fp8Codes(size_t n_in, size_t n_out, size_t others = 0) {
-    const size_t wn = n_in * n_out;
-    w.resize(std::max<size_t>(2, ((size_t{256} << 20) + wn + others - 1) / (wn + others)));
-    uint16_t* wb = random_bf16(wn);
-    CK(cudaMalloc(&scales, n_out * 4));
-    for (auto& p : w) {
-      CK(cudaMalloc(&p, wn));
-      cuda::quantize_fp8_rows(wb, DType::BF16, n_out, n_in, p, scales, nullptr);
-    }
-    CK(cudaFree(wb));
-  }
-  ~Fp8Codes() {
-    for (auto* p : w) cudaFree(p);
-    cudaFree(scales);
-  }
-  Fp8Codes(const Fp8Codes&) = delete;
-  Fp8Codes& operator=(const Fp8Codes&) = delete;
-  const uint8_t* at(size_t i) const { return w[i % w.size()]; }
-};
-// Activations of up to `rows` rows: bf16 values, their E4M3 codes and row
-// scales, and an f32 output of n_out columns.
-struct Fp8Acts {
-  uint16_t* xb = nullptr;
-  uint8_t* xc = nullptr;
-  float *xs = nullptr, *y = nullptr;
-  Fp8Acts(size_t n_in, size_t n_out, size_t rows) : xb(random_bf16(rows * n_in)) {
-    CK(cudaMalloc(&xc, rows * n_in));
-    CK(cudaMalloc(&xs, rows * 4));
-    CK(cudaMalloc(&y, rows * n_out * 4));
-    cuda::quantize_fp8_rows(xb, DType::BF16, rows, n_in, xc, xs, nullptr);
-  }
-  ~Fp8Acts() {
-    for (void* p : {static_cast<void*>(xb), static_cast<void*>(xc), static_cast<void*>(xs),
-                    static_cast<void*>(y)})
-      cudaFree(p);
-  }
-  Fp8Acts(const Fp8Acts&) = delete;
-  Fp8Acts& operator=(const Fp8Acts&) = delete;
-};
-
 // --fp8: the FP8 products per shape and row count (E4M3 codes of random
 // bf16 weights, rotated over copies L2 cannot hold). GB/s counts the
 // weight codes only (what bounds these products); %HBM is of the device
@@ -218,11 +169,27 @@ void fp8_bench(double copy_gbs) {
               "mma us", "alone us", "GB/s", "%HBM", "cublasLt", "alone us", "quant us");
   for (const Shape& s : shapes) {
     const size_t wn = s.n_in * s.n_out;
-    const Fp8Codes w(s.n_in, s.n_out);
-    const Fp8Acts a(s.n_in, s.n_out, max_rows);
+    const size_t copies = std::max<size_t>(2, ((size_t{256} << 20) + wn - 1) / wn);
+    uint16_t* wb = random_bf16(wn);
+    std::vector<uint8_t*> w(copies);
+    float* ws = nullptr;
+    CK(cudaMalloc(&ws, s.n_out * 4));
+    for (auto& p : w) {
+      CK(cudaMalloc(&p, wn));
+      cuda::quantize_fp8_rows(wb, DType::BF16, s.n_out, s.n_in, p, ws, nullptr);
+    }
+    CK(cudaFree(wb));
+    uint16_t* xb = random_bf16(max_rows * s.n_in);
+    uint8_t* xc = nullptr;
+    float *xs = nullptr, *y = nullptr;
+    CK(cudaMalloc(&xc, max_rows * s.n_in));
+    CK(cudaMalloc(&xs, max_rows * 4));
+    CK(cudaMalloc(&y, max_rows * s.n_out * 4));
+    cuda::quantize_fp8_rows(xb, DType::BF16, max_rows, s.n_in, xc, xs, nullptr);
     size_t scratch_bytes = 1;
     for (size_t rows : row_counts)
-      scratch_bytes = std::max(scratch_bytes, gemm.scratch_bytes(s.n_out, rows));
+      scratch_bytes = std::max({scratch_bytes, cuda::matmul_fp8_scratch(s.n_in, s.n_out, rows),
+                                gemm.scratch_bytes(s.n_out, rows)});
     void* scratch = nullptr;
     CK(cudaMalloc(&scratch, scratch_bytes));
     // (Every kernel loads its first weights before its dependency wait:
@@ -230,77 +197,31 @@ void fp8_bench(double copy_gbs) {
     CK(cudaDeviceSynchronize());
     for (size_t rows : row_counts) {
       const auto gemv = [&](size_t i) {
-        cuda::gemv_fp8(w.at(i), w.scales, a.xb, s.n_in, s.n_out, rows, a.y, nullptr);
+        cuda::gemv_fp8(w[i % copies], ws, xb, s.n_in, s.n_out, rows, y, nullptr);
       };
       const auto mma = [&](size_t i) {
-        cuda::matmul_fp8(w.at(i), w.scales, a.xc, a.xs, s.n_in, s.n_out, rows, a.y, nullptr);
+        cuda::matmul_fp8(w[i % copies], ws, xc, xs, s.n_in, s.n_out, rows, y, scratch, nullptr);
       };
       const auto lt = [&](size_t i) {
-        gemm.product(w.at(i), w.scales, a.xc, a.xs, s.n_in, s.n_out, rows, a.y, scratch, nullptr);
+        gemm.product(w[i % copies], ws, xc, xs, s.n_in, s.n_out, rows, y, scratch, nullptr);
       };
       const double tg = rows <= cuda::kFp8GemvRows ? time_launches(gemv, 15) : 0;
       const double t = mma_ok ? time_launches(mma, 15) : 0, ta = mma_ok ? time_alone(mma, 15) : 0;
       const double tl = time_launches(lt, 9), tla = time_alone(lt, 9);
       const double tq = time_launches(
-          [&](size_t) {
-            cuda::quantize_fp8_rows(a.xb, DType::BF16, rows, s.n_in, a.xc, a.xs, nullptr);
-          },
+          [&](size_t) { cuda::quantize_fp8_rows(xb, DType::BF16, rows, s.n_in, xc, xs, nullptr); },
           9);
-      std::printf("%-18s %4zu %8.1f | %8.1f %8.1f %6.0f %5.0f%% | %8.1f %8.1f | %8.1f\n", s.name,
+      std::printf("%-18s %4zu %8.1f | %8.1f %8.1f %6.0f %4.0f%% | %8.1f %8.1f | %8.1f\n", s.name,
                   rows, tg * 1e6, t * 1e6, ta * 1e6, t > 0 ? wn / t / 1e9 : 0.0,
                   t > 0 ? 100 * wn / t / 1e9 / copy_gbs : 0.0, tl * 1e6, tla * 1e6, tq * 1e6);
       std::fflush(stdout);
     }
-    CK(cudaFree(scratch));
+    for (auto* p : w) CK(cudaFree(p));
+    for (void* p : {static_cast<void*>(ws), static_cast<void*>(xb), static_cast<void*>(xc),
+                    static_cast<void*>(xs), static_cast<void*>(y), scratch})
+      CK(cudaFree(p));
   }
   CK(cudaFree(workspace));
-}
-
-// --fp8, the weights of one call: Q/K/V and gate + up as matmul_fp8
-// launches one after another ("apart") and as one matmul_fp8_many launch
-// ("together"), back to back and alone. GB/s and %HBM: together's.
-void fp8_group_bench(double copy_gbs) {
-  if (!cuda::matmul_fp8_applies(4096)) return;
-  struct Group {
-    const char* name;
-    size_t n_in;
-    std::vector<size_t> outs;
-  };
-  const Group groups[] = {{"qkv 4096->4096+1024+1024", 4096, {4096, 1024, 1024}},
-                          {"gate+up 4096->2x14336", 4096, {14336, 14336}}};
-  const size_t row_counts[] = {9, 16, 34, 64};
-  std::printf("\n%-24s %4s | %8s %8s | %8s %8s %6s %5s\n", "weights", "rows", "apart us",
-              "alone us", "together", "alone us", "GB/s", "%HBM");
-  for (const Group& gr : groups) {
-    size_t total = 0;
-    for (size_t n : gr.outs) total += gr.n_in * n;
-    std::vector<std::unique_ptr<Fp8Codes>> w;
-    for (size_t n : gr.outs)
-      w.push_back(std::make_unique<Fp8Codes>(gr.n_in, n, total - gr.n_in * n));
-    std::vector<std::unique_ptr<Fp8Acts>> a;
-    for (size_t n : gr.outs) a.push_back(std::make_unique<Fp8Acts>(gr.n_in, n, 64));
-    CK(cudaDeviceSynchronize());
-    for (size_t rows : row_counts) {
-      const auto apart = [&](size_t i) {
-        for (size_t g = 0; g < w.size(); ++g)
-          cuda::matmul_fp8(w[g]->at(i), w[g]->scales, a[0]->xc, a[0]->xs, gr.n_in, gr.outs[g], rows,
-                           a[g]->y, nullptr);
-      };
-      const auto together = [&](size_t i) {
-        cuda::Fp8Weight ws[cuda::kFp8MaxGroup];
-        for (size_t g = 0; g < w.size(); ++g)
-          ws[g] = {w[g]->at(i), w[g]->scales, gr.outs[g], a[g]->y};
-        cuda::matmul_fp8_many(std::span<const cuda::Fp8Weight>(ws, w.size()), a[0]->xc, a[0]->xs,
-                              gr.n_in, rows, nullptr);
-      };
-      const double tp = time_launches(apart, 15), tpa = time_alone(apart, 15);
-      const double tt = time_launches(together, 15), tta = time_alone(together, 15);
-      std::printf("%-24s %4zu | %8.1f %8.1f | %8.1f %8.1f %6.0f %5.0f%%\n", gr.name, rows, tp * 1e6,
-                  tpa * 1e6, tt * 1e6, tta * 1e6, total / tt / 1e9,
-                  100 * total / tt / 1e9 / copy_gbs);
-      std::fflush(stdout);
-    }
-  }
 }
 
 }  // namespace
@@ -360,7 +281,6 @@ int main(int argc, char** argv) {
 
   if (fp8) {
     fp8_bench(copy_gbs);
-    fp8_group_bench(copy_gbs);
     cublasDestroy(blas);
     return 0;
   }

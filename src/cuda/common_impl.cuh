@@ -67,47 +67,6 @@ __device__ __forceinline__ float silu_mul_one(float g, float u) {
   return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
 }
 
-// Rope's rotation of one pair (a, b) = (x[2i], x[2i + 1]) by the angle
-// pos * inv_freq[i] (rope_kernel's arithmetic, every step rounded; the
-// fused product epilogues use the same).
-__device__ __forceinline__ void rope_angle(int32_t pos, float inv_freq, float* c, float* s) {
-  const float theta = __fmul_rn(static_cast<float>(pos), inv_freq);
-  *c = cosf(theta);
-  *s = sinf(theta);
-}
-__device__ __forceinline__ float2 rope_pair(float2 ab, float c, float s) {
-  return make_float2(__fsub_rn(__fmul_rn(ab.x, c), __fmul_rn(ab.y, s)),
-                     __fadd_rn(__fmul_rn(ab.x, s), __fmul_rn(ab.y, c)));
-}
-
-// Four values x of a key or value row stored as a dense KV side keeps
-// them (F32, F16 or BF16 at 4 or 2 bytes each) at `dst`, value i of the
-// row at dst + i * width (kv_store and the fused Q/K/V epilogues).
-__device__ __forceinline__ void store_u16(uint8_t* p, uint32_t v) {
-  p[0] = static_cast<uint8_t>(v);
-  p[1] = static_cast<uint8_t>(v >> 8);
-}
-__device__ __forceinline__ void store_dense_kv4(uint8_t* dst, float4 x,
-                                                kernels::KvFormat::Kind kind) {
-  if (kind == kernels::KvFormat::Kind::F32) {
-    float* d = reinterpret_cast<float*>(dst);
-    if (reinterpret_cast<uintptr_t>(d) % 16 == 0) {
-      *reinterpret_cast<float4*>(d) = x;
-    } else {
-      d[0] = x.x, d[1] = x.y, d[2] = x.z, d[3] = x.w;
-    }
-    return;
-  }
-  const bool f16 = kind == kernels::KvFormat::Kind::F16;
-  const uint32_t a = f16 ? f2h(x.x) : f2bf(x.x), b = f16 ? f2h(x.y) : f2bf(x.y);
-  const uint32_t c = f16 ? f2h(x.z) : f2bf(x.z), d = f16 ? f2h(x.w) : f2bf(x.w);
-  if (reinterpret_cast<uintptr_t>(dst) % 8 == 0) {
-    *reinterpret_cast<uint2*>(dst) = make_uint2(a | b << 16, c | d << 16);
-  } else {
-    store_u16(dst, a), store_u16(dst + 2, b), store_u16(dst + 4, c), store_u16(dst + 6, d);
-  }
-}
-
 // ---- loads ------------------------------------------------------------------
 
 __device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) {
@@ -225,11 +184,10 @@ __device__ __forceinline__ void dependency_wait() {
 #endif
 }
 
-// launch() with the grid's blocks in clusters of `cluster` blocks (Hopper
-// and later; each grid dimension a multiple of the cluster's; 1: no
-// clusters).
+// launch() with the grid's blocks in clusters of `cluster` along x (Hopper
+// and later; 1: no clusters).
 template <class... Params, class... Args>
-void launch_cluster(const char* name, void (*kernel)(Params...), dim3 grid, dim3 cluster,
+void launch_cluster(const char* name, void (*kernel)(Params...), dim3 grid, unsigned cluster,
                     dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
   int dev = 0;
   FERRY_CUDA_CHECK(cudaGetDevice(&dev));
@@ -239,9 +197,9 @@ void launch_cluster(const char* name, void (*kernel)(Params...), dim3 grid, dim3
     attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[n++].val.programmaticStreamSerializationAllowed = 1;
   }
-  if (cluster.x * cluster.y * cluster.z > 1) {
+  if (cluster > 1) {
     attrs[n].id = cudaLaunchAttributeClusterDimension;
-    attrs[n++].val.clusterDim = {cluster.x, cluster.y, cluster.z};
+    attrs[n++].val.clusterDim = {cluster, 1, 1};
   }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;

@@ -482,9 +482,10 @@ class CudaBackend final : public model::Backend {
     const size_t codes = (n_rows * n_in + 255) / 256 * 256;
     const size_t scales = (n_rows * sizeof(float) + 255) / 256 * 256;
     size_t scratch = 0;
-    if (!fp8_mma_takes(n_in, n_rows))
-      for (const kernels::WeightView& w : ws)
-        scratch = std::max(scratch, fp8_->scratch_bytes(w.n_out, n_rows));
+    for (const kernels::WeightView& w : ws)
+      scratch =
+          std::max({scratch, fp8_->scratch_bytes(w.n_out, n_rows),
+                    fp8_mma_takes(n_in, n_rows) ? matmul_fp8_scratch(n_in, w.n_out, n_rows) : 0});
     auto* p = static_cast<uint8_t*>(x8_.get(codes + scales + scratch, stream_));
     Fp8Rows r{p, reinterpret_cast<float*>(p + codes), scratch ? p + codes + scales : nullptr};
     if (fp8_copy_.x == x && fp8_copy_.n_rows == n_rows && fp8_copy_.n == n_in) {
@@ -627,23 +628,8 @@ class CudaBackend final : public model::Backend {
       qkv_.xb = xb;
       return;
     }
-    Fp8Rows x8;  // x quantized for --fp8, made on first use
-    if (fp8_qkv_fusable(ws, n_rows)) {
-      // The same, for FP8 weights on matmul_fp8 (their codes made now).
-      x8 = quantize_fp8(x, n_rows, ws[0].n_in, ws);
-      qkv_ = PendingQkv{};
-      for (size_t i = 0; i < 3; ++i) {
-        qkv_.f[i] = {fp8_codes(ws[i]), fp8_scales(ws[i]), ws[i].n_out, ys[i]};
-        qkv_.n_out[i] = ws[i].n_out;
-        qkv_.y[i] = ys[i];
-      }
-      qkv_.n_in = ws[0].n_in;
-      qkv_.n_rows = n_rows;
-      qkv_.x8 = x8.codes;
-      qkv_.x8_scales = x8.scales;
-      return;
-    }
     Int8Rows xq;  // x quantized for int8 mode, made on first use
+    Fp8Rows x8;   // x quantized for --fp8, made on first use
     // Weights of one type wait here to share one launch: dense ones for
     // the tensor-core kernel, Q4_K / Q6_K ones for int8 mode's.
     auto tc_wait = pending<uint16_t>([&](const auto& p) {
@@ -654,16 +640,6 @@ class CudaBackend final : public model::Backend {
       cuda::matmul_q8_many(p.w(), p.type, ws[0].n_in, p.n_out(), xq.codes, xq.d, xq.dsum, n_rows,
                            p.y(), stream_);
     });
-    // FP8 products for matmul_fp8 wait here to share a launch (up to
-    // fp8_group_ weights).
-    std::array<Fp8Weight, kFp8MaxGroup> fp8_group;
-    size_t fp8_held = 0;
-    const auto fp8_flush = [&] {
-      if (fp8_held == 0) return;
-      matmul_fp8_many(std::span<const Fp8Weight>(fp8_group.data(), fp8_held), x8.codes, x8.scales,
-                      ws[0].n_in, n_rows, stream_);
-      fp8_held = 0;
-    };
     for (size_t i = 0; i < ws.size(); ++i) {
       const kernels::WeightView& w = ws[i];
       const bool small = opts_.deterministic || n_rows <= kFastMatvecRows;
@@ -673,13 +649,12 @@ class CudaBackend final : public model::Backend {
         gemv_fp8(fp8_codes(w), fp8_scales(w), xb, w.n_in, w.n_out, n_rows, ys[i], stream_);
       } else if (w.type == kFp8) {
         if (!x8.codes) x8 = quantize_fp8(x, n_rows, w.n_in, ws);
-        if (fp8_mma_takes(w.n_in, n_rows)) {
-          fp8_group[fp8_held++] = {fp8_codes(w), fp8_scales(w), w.n_out, ys[i]};
-          if (fp8_held == fp8_group_) fp8_flush();
-        } else {
+        if (fp8_mma_takes(w.n_in, n_rows))
+          matmul_fp8(fp8_codes(w), fp8_scales(w), x8.codes, x8.scales, w.n_in, w.n_out, n_rows,
+                     ys[i], x8.scratch, stream_);
+        else
           fp8_->product(fp8_codes(w), fp8_scales(w), x8.codes, x8.scales, w.n_in, w.n_out, n_rows,
                         ys[i], x8.scratch, stream_);
-        }
       } else if (int8_takes(w)) {
         if (!xq.codes) xq = quantize_rows(x, n_rows, w.n_in);
         q8_wait.add(w, w.data, ys[i]);
@@ -697,7 +672,6 @@ class CudaBackend final : public model::Backend {
     }
     tc_wait.flush();
     q8_wait.flush();
-    fp8_flush();
   }
 
   // Int8 mode (--matmul int8, the CLI's default) takes Q4_K and Q6_K weights
@@ -766,23 +740,18 @@ class CudaBackend final : public model::Backend {
   // (cuda::matmul_tc_qkv_rope: the same bits as the three launches). Any
   // other op first launches what was held as it would have run
   // (flush_qkv). Off with FERRY_CUDA_FUSE_QKV=0.
-  // With FP8 weights (--fp8, steps matmul_fp8 takes) the product is held
-  // the same way (f, x8) and runs as matmul_fp8_many with the epilogue.
   struct PendingQkv {
     const uint16_t* w[3] = {};
-    Fp8Weight f[3] = {};
     size_t n_out[3] = {};
     float* y[3] = {};
     size_t n_in = 0, n_rows = 0;
     const uint16_t* xb = nullptr;
-    const uint8_t* x8 = nullptr;
-    const float* x8_scales = nullptr;
     // The ropes taken (q's, then k's), by the same positions.
     int ropes = 0;
     size_t head_dim = 0;
     const int32_t* pos = nullptr;
     const float* inv_freq = nullptr;
-    bool active() const { return xb != nullptr || x8 != nullptr; }
+    bool active() const { return xb != nullptr; }
     // Takes rope(x) if it is q's (first) or k's (second) over whole heads.
     bool take_rope(float* x, size_t heads, size_t hd, const int32_t* p, const float* f) {
       if (!active() || ropes >= 2 || x != y[ropes] || hd == 0 || heads * hd != n_out[ropes])
@@ -802,25 +771,12 @@ class CudaBackend final : public model::Backend {
     }
     return cuda::matmul_tc_qkv_rope_applies(ws[0].n_in, total, n_rows);
   }
-  // FP8 Q/K/V held back as bf16's: three FP8 weights of one n_in whose
-  // products matmul_fp8 takes in one launch (as matmul_many would run them).
-  bool fp8_qkv_fusable(std::span<const kernels::WeightView> ws, size_t n_rows) const {
-    if (!fuse_qkv_ || fp8_group_ < 3 || ws.size() != 3 || n_rows <= fp8_gemv_rows_ ||
-        !fp8_mma_takes(ws[0].n_in, n_rows))
-      return false;
-    for (const kernels::WeightView& w : ws)
-      if (w.type != kFp8 || w.n_in != ws[0].n_in) return false;
-    return true;
-  }
   // Launches the held product (and the ropes it took) as separate kernels.
   void flush_qkv() {
     if (!qkv_.active()) return;
     const PendingQkv p = std::exchange(qkv_, PendingQkv{});
     ++launch_seq_;
-    if (p.x8)
-      matmul_fp8_many(p.f, p.x8, p.x8_scales, p.n_in, p.n_rows, stream_);
-    else
-      cuda::matmul_tc_many(p.w, false, p.n_in, p.n_out, p.xb, p.n_rows, p.y, stream_);
+    cuda::matmul_tc_many(p.w, false, p.n_in, p.n_out, p.xb, p.n_rows, p.y, stream_);
     if (p.ropes == 2)
       cuda::rope2(p.y[0], p.n_out[0] / p.head_dim, p.y[1], p.n_out[1] / p.head_dim, p.n_rows,
                   p.head_dim, p.pos, p.inv_freq, stream_);
@@ -836,8 +792,7 @@ class CudaBackend final : public model::Backend {
     const kv::KvLayerSpec& ls = kv.spec().layers[layer];
     if (!qkv_.active() || qkv_.ropes != 2 || k != qkv_.y[1] || v != qkv_.y[2] ||
         kv.spec().head_dim != qkv_.head_dim ||
-        kv.spec().n_kv_heads * qkv_.head_dim != qkv_.n_out[1] || qkv_.n_out[2] != qkv_.n_out[1] ||
-        (qkv_.x8 && !matmul_fp8_qkv_applies(qkv_.f, qkv_.head_dim)))
+        kv.spec().n_kv_heads * qkv_.head_dim != qkv_.n_out[1] || qkv_.n_out[2] != qkv_.n_out[1])
       return false;
     const PendingQkv p = std::exchange(qkv_, PendingQkv{});
     cuda::QkvEpilogue ep;
@@ -849,10 +804,7 @@ class CudaBackend final : public model::Backend {
       ep.writes = writes;
     }
     profile_mark("matmul");
-    if (p.x8)
-      matmul_fp8_many(p.f, p.x8, p.x8_scales, p.n_in, p.n_rows, stream_, &ep);
-    else
-      cuda::matmul_tc_qkv_rope(p.w, p.n_in, p.n_out, p.xb, p.n_rows, p.y, ep, stream_);
+    cuda::matmul_tc_qkv_rope(p.w, p.n_in, p.n_out, p.xb, p.n_rows, p.y, ep, stream_);
     if (ep.writes == nullptr) {
       mark("kv_write");
       cuda::kv_store(writes, p.n_rows, kv.spec().n_kv_heads, kv.spec().head_dim, k, v, stream_);
@@ -1440,10 +1392,6 @@ class CudaBackend final : public model::Backend {
   // --fp8; docs/CUDA.md); not yet run end to end.
   const size_t fp8_gemv_rows_ =
       std::min(knob_size("FERRY_CUDA_FP8_GEMV_ROWS", kFp8GemvRows), kFp8GemvRows);
-  // --fp8: the FP8 mma products of one call (Q/K/V, gate and up) share a
-  // launch, up to this many (1: one launch a weight).
-  const size_t fp8_group_ =
-      std::clamp<size_t>(knob_size("FERRY_CUDA_FP8_GROUP", kFp8MaxGroup), 1, kFp8MaxGroup);
   // --fp8: norms write their output's E4M3 codes (off: quantize launches).
   const bool fp8_codes_ = !knob_off("FERRY_CUDA_FP8_CODES");
   Fp8Copy fp8_copy_;

@@ -15,7 +15,6 @@
 #include "cuda/common_impl.cuh"
 #include "cuda/cuda_ops.h"
 #include "cuda/knobs.h"
-#include "cuda/ptx_impl.cuh"
 #include "model/draw.h"
 
 namespace ferry::cuda {
@@ -95,21 +94,46 @@ __device__ __forceinline__ void each(const Ctx& c, unsigned rank, F&& f) {
   }
 }
 
-// The cluster's barrier and another block's copy of a shared variable
-// (ptx_impl.cuh); with kC = 1, the block's barrier and its own copy.
+// The cluster's barrier (release/acquire: shared-memory writes before it are
+// seen by every block of the cluster after it) and another block's copy of
+// a shared variable; with kC = 1, the block's barrier and its own copy.
 template <int kC>
 __device__ __forceinline__ void peers_sync() {
-  if constexpr (kC == 1)
+  if constexpr (kC == 1) {
     __syncthreads();
-  else
-    detail::cluster_sync();
+  } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile(
+        "barrier.cluster.arrive.release.aligned;\n"
+        "barrier.cluster.wait.acquire.aligned;" ::
+            : "memory");
+#else
+    __trap();  // clusters are launched on sm_90 only (draw_logits)
+#endif
+  }
 }
 template <int kC, class T>
 __device__ __forceinline__ const T* peer(const T* p, unsigned rank) {
-  if constexpr (kC == 1)
+  if constexpr (kC == 1) {
     return p;
-  else
-    return detail::cluster_peer(p, rank);
+  } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint64_t q;
+    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(q) : "l"(p), "r"(rank));
+    return reinterpret_cast<const T*>(q);
+#else
+    return p;
+#endif
+  }
+}
+__device__ __forceinline__ unsigned cluster_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+#else
+  return 0;
+#endif
 }
 
 // wh[bucket] += w for every lane of the warp that takes a token, wh this
@@ -307,7 +331,7 @@ __global__ void __launch_bounds__(kThreads)
                 const model::DrawPenalty* __restrict__ pens, float* __restrict__ raw,
                 model::TopLogit* __restrict__ out) {
   detail::dependency_wait();
-  const unsigned row = blockIdx.x / kC, rank = kC == 1 ? 0u : detail::cluster_rank();
+  const unsigned row = blockIdx.x / kC, rank = kC == 1 ? 0u : cluster_rank();
   const DrawJob job = jobs[row];
   if (!job.active) return;  // (the whole cluster)
   __shared__ Shared s;

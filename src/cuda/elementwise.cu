@@ -209,8 +209,8 @@ __global__ void rope_kernel(float* a, uint32_t a_heads, float* b, uint32_t b_hea
     const size_t q = t / half;
     const uint32_t i = static_cast<uint32_t>(t - q * half), run = static_cast<uint32_t>(q % runs);
     const size_t row = q / runs;
-    float c, s;
-    rope_angle(pos[row], inv_freq[i], &c, &s);
+    const float theta = __fmul_rn(static_cast<float>(pos[row]), inv_freq[i]);
+    const float c = cosf(theta), s = sinf(theta);
 #pragma unroll
     for (uint32_t j = 0; j < kRopeHeads; ++j) {
       const uint32_t h = run * kRopeHeads + j;
@@ -218,7 +218,9 @@ __global__ void rope_kernel(float* a, uint32_t a_heads, float* b, uint32_t b_hea
       float2* v = h < a_heads
                       ? reinterpret_cast<float2*>(a) + (row * a_heads + h) * half + i
                       : reinterpret_cast<float2*>(b) + (row * b_heads + (h - a_heads)) * half + i;
-      *v = rope_pair(*v, c, s);
+      const float2 ab = *v;
+      *v = make_float2(__fsub_rn(__fmul_rn(ab.x, c), __fmul_rn(ab.y, s)),
+                       __fadd_rn(__fmul_rn(ab.x, s), __fmul_rn(ab.y, c)));
     }
   }
 }

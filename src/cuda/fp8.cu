@@ -191,28 +191,20 @@ void gemv_rows(const uint8_t* w, const float* sw, const uint16_t* x, uint32_t n_
 
 // Steps of a few dozen rows (matmul_fp8): both operands E4M3 on Hopper's
 // FP8 warpgroup mma (wgmma m64nBNk32), fed by TMA as matmul_tc's wgmma
-// tiles are. A CTA owns 64 output columns of one weight x BN rows over one
-// range of k (split-K: blockIdx.y, so that narrow products still give
-// every multiprocessor CTAs); one producer warp copies each stage (128
-// codes of k: a 128-byte swizzled row per weight and per activation row)
-// with two TMA boxes, and the consumer warpgroup runs the stage's four k32
-// steps as one chain started from zero, then adds the chain's sums to its
-// f32 accumulators (Hopper's FP8 tensor cores add inside a chain at
-// reduced precision; 128 products a chain keep that error near f32's).
-// Out-of-range rows, columns and k are zero-filled by the copies and never
-// stored. The weights of a group (matmul_fp8_many) lie side by side along
-// blockIdx.x, tile_end[g] tiles in for weight g.
-// One split: y = sum * (x_scale * w_scale), as scale_fp8_product forms it.
-// Several: the splits of a tile are one cluster (1 x splits); each CTA
-// leaves its sums in its shared memory, and after the cluster's barrier CTA
-// s adds up the s-th share of the tile's outputs, each output's splits in
-// split order, so every output has one fixed order of additions for its
-// shape (the order the split-sum kernel of sessions 38-43 used).
+// tiles are. A CTA owns 64 output columns x BN rows over one range of k
+// (split-K: blockIdx.y, so that narrow products still give every
+// multiprocessor CTAs); one producer warp copies each stage (128 codes of
+// k: a 128-byte swizzled row per weight and per activation row) with two
+// TMA boxes, and the consumer warpgroup runs the stage's four k32 steps as
+// one chain started from zero, then adds the chain's sums to its f32
+// accumulators (Hopper's FP8 tensor cores add inside a chain at reduced
+// precision; 128 products a chain keep that error near f32's). Out-of-range
+// rows, columns and k are zero-filled by the copies and never stored.
+// One split: y = sum * (x_scale * w_scale), as scale_fp8_product forms it;
+// several: each writes its sum to part[split] and fp8_split_sum adds the
+// splits in order, so every output has one fixed order of additions for
+// its shape.
 constexpr uint32_t kWgCols = 64, kWgK = 128;
-// The sums of a tile in shared memory: BN rows of 64 columns, rows 68
-// floats apart (the accumulator layout's stores then hit 32 banks; rows
-// stay 16-byte aligned for the float4 reads).
-constexpr uint32_t kSumPitch = kWgCols + 4;
 
 template <int BN>
 struct Fp8WgTile {
@@ -220,96 +212,27 @@ struct Fp8WgTile {
   static constexpr int kThreads = 128 + 32;  // the consumer warpgroup + the producer warp
   static constexpr uint32_t kWBytes = kWgCols * kWgK;
   static constexpr uint32_t kStageBytes = (kWgCols + BN) * kWgK;
-  static_assert(BN * kSumPitch * 4 <= kStages * kStageBytes, "the sums fit in the stages");
   // + alignment, + the stages' full and empty barriers
   static constexpr size_t kSmemBytes = size_t{kStages} * kStageBytes + 1024 + 16 * kStages;
 };
-struct Fp8Group {
-  CUtensorMap w[kFp8MaxGroup];  // boxes of 128 codes x 64 weight rows
-  CUtensorMap x;                // boxes of 128 codes x BN activation rows
-  const float* ws[kFp8MaxGroup];
-  float* y[kFp8MaxGroup];
-  uint32_t n_out[kFp8MaxGroup];
-  uint32_t tile_end[kFp8MaxGroup];  // weights 0..g hold tiles [0, tile_end[g])
-  // The Q/K/V epilogue (kRope): per weight its role, 0 plain, 1 rotated
-  // (q), 2 rotated and stored as the step's K rows (k), 3 stored as its V
-  // rows (v), as matmul_tc's RopeKv.
-  const int32_t* pos;     // [n_rows]
-  const float* inv_freq;  // [head_dim / 2]
-  const KvWrite* writes;  // [n_rows]: row r's cache slots
-  uint32_t head_dim;
-  kernels::KvFormat::Kind kv;  // Affine: no store
-  uint8_t role[kFp8MaxGroup];
+struct Fp8Maps {
+  CUtensorMap w, x;  // boxes of 128 codes x 64 weight rows / BN activation rows
 };
 
-// Four outputs of weight g, row r, columns j .. j + 3, from their sum t:
-// scaled, then (kRope) rotated and stored to the cache as the role says.
-template <bool kRope>
-__device__ __forceinline__ void fp8_store_quad(const Fp8Group& grp, uint32_t g, float4 t,
-                                               uint32_t r, uint32_t j, const float* xs) {
-  const uint32_t n_out = grp.n_out[g];
-  const float* ws = grp.ws[g];
-  const float xr = xs[r];
-  float v[4] = {t.x, t.y, t.z, t.w};
-#pragma unroll
-  for (int u = 0; u < 4; ++u)
-    if (j + u < n_out) v[u] = fp8_scaled(v[u], xr, ws[j + u]);
-  uint32_t role = 0;
-  if constexpr (kRope) {
-    // (head_dim % 4 == 0 divides n_out: the four are whole pairs of one head.)
-    role = grp.role[g];
-    if (role == 1 || role == 2) {
-      const int32_t p = grp.pos[r];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float c, s;
-        detail::rope_angle(p, grp.inv_freq[(j + 2 * h) % grp.head_dim / 2], &c, &s);
-        const float2 ab = detail::rope_pair(make_float2(v[2 * h], v[2 * h + 1]), c, s);
-        v[2 * h] = ab.x, v[2 * h + 1] = ab.y;
-      }
-    }
-  }
-  float* out = grp.y[g] + static_cast<size_t>(r) * n_out + j;
-  if (j + 3 < n_out && reinterpret_cast<uintptr_t>(out) % 16 == 0) {
-    *reinterpret_cast<float4*>(out) = make_float4(v[0], v[1], v[2], v[3]);
-  } else {
-#pragma unroll
-    for (int u = 0; u < 4; ++u)
-      if (j + u < n_out) out[u] = v[u];
-  }
-  if constexpr (kRope) {
-    // (n_out is whole heads of a multiple of 4: the quad is in or out whole.)
-    if ((role == 2 || role == 3) && grp.kv != kernels::KvFormat::Kind::Affine && j < n_out) {
-      const KvWrite& w = grp.writes[r];
-      const kernels::KvSide& side = role == 2 ? w.k : w.v;
-      const uint32_t width = grp.kv == kernels::KvFormat::Kind::F32 ? 4 : 2;
-      // Planes are device memory the caller owns; KvSide spells them const for readers.
-      uint8_t* dst = const_cast<uint8_t*>(side.plane[0]) +
-                     (j / grp.head_dim) * side.head_stride[0] + size_t{w.slot} * side.unit[0] +
-                     width * (j % grp.head_dim);
-      detail::store_dense_kv4(dst, make_float4(v[0], v[1], v[2], v[3]), grp.kv);
-    }
-  }
-}
-
-template <int BN, bool kRope>
+template <int BN>
 __global__ void __launch_bounds__(Fp8WgTile<BN>::kThreads)
-    matmul_fp8_kernel(const __grid_constant__ Fp8Group grp, const float* __restrict__ xs,
-                      uint32_t n_in, uint32_t n_rows, uint32_t split_tiles, uint32_t pre_stages) {
+    matmul_fp8_kernel(const __grid_constant__ Fp8Maps maps, const float* __restrict__ ws,
+                      const float* __restrict__ xs, uint32_t n_in, uint32_t n_out, uint32_t n_rows,
+                      uint32_t split_tiles, uint32_t pre_stages, float* __restrict__ part,
+                      float* __restrict__ y) {
 #if FERRY_SM90A
   using T = Fp8WgTile<BN>;
   constexpr int S = T::kStages;
   extern __shared__ uint4 smem_raw[];
-  const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
-  const uint32_t smem = (smem_base + 1023u) & ~1023u;
+  const uint32_t smem =
+      (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
   const uint32_t full = smem + S * T::kStageBytes, empty = full + 8 * S;
-  // This CTA's weight: g, and its first tile.
-  uint32_t g = 0, tile0 = 0;
-#pragma unroll
-  for (uint32_t i = 0; i + 1 < kFp8MaxGroup; ++i)
-    if (blockIdx.x >= grp.tile_end[i]) g = i + 1, tile0 = grp.tile_end[i];
-  const CUtensorMap* wmap = &grp.w[0] + g;
-  const uint32_t j0 = (blockIdx.x - tile0) * kWgCols, r0 = blockIdx.z * BN;
+  const uint32_t j0 = blockIdx.x * kWgCols, r0 = blockIdx.z * BN;
   const uint32_t k_tiles = (n_in + kWgK - 1) / kWgK, kt0 = blockIdx.y * split_tiles;
   const uint32_t nt = min(split_tiles, k_tiles - kt0);  // this CTA's stages
 
@@ -322,18 +245,17 @@ __global__ void __launch_bounds__(Fp8WgTile<BN>::kThreads)
   }
   __syncthreads();
 
-  float acc[BN / 2];
   if (threadIdx.x >= 128) {  // the producer warp
     if (threadIdx.x == 128) {
       auto issue_w = [&](uint32_t i) {
         const uint32_t st = smem + (i % S) * T::kStageBytes, bar = full + 8 * (i % S);
         detail::mbar_expect_tx(bar, T::kStageBytes);
-        detail::tma_load_2d(st, wmap, static_cast<int>((kt0 + i) * kWgK), static_cast<int>(j0),
+        detail::tma_load_2d(st, &maps.w, static_cast<int>((kt0 + i) * kWgK), static_cast<int>(j0),
                             bar);
       };
       auto issue_x = [&](uint32_t i) {
         const uint32_t st = smem + (i % S) * T::kStageBytes, bar = full + 8 * (i % S);
-        detail::tma_load_2d(st + T::kWBytes, &grp.x, static_cast<int>((kt0 + i) * kWgK),
+        detail::tma_load_2d(st + T::kWBytes, &maps.x, static_cast<int>((kt0 + i) * kWgK),
                             static_cast<int>(r0), bar);
       };
       // The first stages' weights before the dependency wait (they do not
@@ -349,91 +271,67 @@ __global__ void __launch_bounds__(Fp8WgTile<BN>::kThreads)
         issue_x(i);
       }
     }
-    __syncwarp();  // (the cluster barriers below are .aligned: the warp arrives whole)
-    if (gridDim.y == 1) return;
-    // With splits the warp meets the cluster below and stores outputs.
-    detail::dependency_wait();
-  } else {
-    detail::dependency_wait();  // (y may still be read by the kernel before)
-    float chain[BN / 2];
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] = chain[i] = 0.0f;
-    for (uint32_t i = 0; i < nt; ++i) {
-      const uint32_t slot = i % S, st = smem + slot * T::kStageBytes;
-      detail::mbar_wait(full + 8 * slot, (i / S) & 1);
-      detail::wgmma_pin(chain);
-      detail::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < static_cast<int>(kWgK / 32); ++kk)
-        detail::wgmma_e4m3<BN>(chain, detail::wgmma_desc_sw128(st + kk * 32),
-                               detail::wgmma_desc_sw128(st + T::kWBytes + kk * 32), kk > 0);
-      detail::wgmma_commit();
-      detail::wgmma_wait<0>();
-      detail::wgmma_pin(chain);
-      detail::mbar_arrive_if(empty + 8 * slot, threadIdx.x == 0);
-#pragma unroll
-      for (int e = 0; e < BN / 2; ++e) acc[e] += chain[e];
-    }
-  }
-
-  // The tile's sums go to the (spent) stages, local [row][column]
-  // (acc[4i + e]: column j0 + 16 warp + lg + 8 (e / 2), row r0 + 8i + 2 lc +
-  // (e & 1)), and come back as float4s of a row for the stores.
-  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
-  const int lg = lane / 4, lc = lane % 4;
-  float* sums = reinterpret_cast<float*>(reinterpret_cast<char*>(smem_raw) + (smem - smem_base));
-  if (threadIdx.x < 128) {
-    detail::bar_sync(1, 128);  // every warp's last wgmma has read its stage
-#pragma unroll
-    for (int i = 0; i < BN / 8; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        sums[(i * 8 + 2 * lc + e % 2) * kSumPitch + warp * 16 + lg + 8 * (e / 2)] = acc[i * 4 + e];
-  }
-  const uint32_t splits = gridDim.y;
-  constexpr uint32_t kQuads = BN * kWgCols / 4;
-  const auto quad = [&](uint32_t q) {
-    return reinterpret_cast<const float4*>(sums + q / (kWgCols / 4) * kSumPitch +
-                                           q % (kWgCols / 4) * 4);
-  };
-  const auto store = [&](uint32_t q, float4 t) {
-    const uint32_t r = r0 + q / (kWgCols / 4);
-    if (r < n_rows) fp8_store_quad<kRope>(grp, g, t, r, j0 + q % (kWgCols / 4) * 4, xs);
-  };
-  if (splits == 1) {  // (only the consumers are left)
-    detail::bar_sync(1, 128);
-    for (uint32_t q = threadIdx.x; q < kQuads; q += 128) store(q, *quad(q));
     return;
   }
-  detail::cluster_sync();
-  // CTA s of the cluster adds up float4s [q0, q1) of the tile, each
-  // output's splits in order.
-  const uint32_t s = blockIdx.y;
-  const uint32_t q0 = kQuads * s / splits, q1 = kQuads * (s + 1) / splits;
-  for (uint32_t q = q0 + threadIdx.x; q < q1; q += T::kThreads) {
-    float4 v[kFp8MaxSplits];
+  detail::dependency_wait();  // (y and part may still be read by the kernel before)
+
+  float acc[BN / 2], chain[BN / 2];
 #pragma unroll
-    for (uint32_t p = 0; p < kFp8MaxSplits; ++p)
-      if (p < splits) v[p] = *detail::cluster_peer(quad(q), p);
-    float4 t = v[0];
+  for (int i = 0; i < BN / 2; ++i) acc[i] = chain[i] = 0.0f;
+  for (uint32_t i = 0; i < nt; ++i) {
+    const uint32_t slot = i % S, st = smem + slot * T::kStageBytes;
+    detail::mbar_wait(full + 8 * slot, (i / S) & 1);
+    detail::wgmma_pin(chain);
+    detail::wgmma_fence();
 #pragma unroll
-    for (uint32_t p = 1; p < kFp8MaxSplits; ++p)
-      if (p < splits) t.x += v[p].x, t.y += v[p].y, t.z += v[p].z, t.w += v[p].w;
-    store(q, t);
+    for (int kk = 0; kk < static_cast<int>(kWgK / 32); ++kk)
+      detail::wgmma_e4m3<BN>(chain, detail::wgmma_desc_sw128(st + kk * 32),
+                             detail::wgmma_desc_sw128(st + T::kWBytes + kk * 32), kk > 0);
+    detail::wgmma_commit();
+    detail::wgmma_wait<0>();
+    detail::wgmma_pin(chain);
+    detail::mbar_arrive_if(empty + 8 * slot, threadIdx.x == 0);
+#pragma unroll
+    for (int e = 0; e < BN / 2; ++e) acc[e] += chain[e];
   }
-  detail::cluster_sync();  // no CTA leaves while a peer may read its sums
+
+  // acc[4i + e]: column j0 + 16 warp + g (+ 8 for e >= 2), row r0 + 8i + 2c + (e & 1).
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  const int g = lane / 4, c = lane % 4;
+  float* out = gridDim.y > 1 ? part + static_cast<size_t>(blockIdx.y) * n_rows * n_out : y;
+#pragma unroll
+  for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint32_t j = j0 + warp * 16 + g + 8 * (e / 2), r = r0 + i * 8 + 2 * c + e % 2;
+      if (j < n_out && r < n_rows)
+        out[static_cast<size_t>(r) * n_out + j] =
+            gridDim.y > 1 ? acc[i * 4 + e] : fp8_scaled(acc[i * 4 + e], xs[r], ws[j]);
+    }
 #else
-  (void)grp, (void)xs, (void)n_in, (void)n_rows, (void)split_tiles, (void)pre_stages;
+  (void)maps, (void)ws, (void)xs, (void)n_in, (void)n_out, (void)n_rows, (void)split_tiles;
+  (void)pre_stages, (void)part, (void)y;
   (void)Fp8WgTile<BN>::kWBytes;  // (the sm_90a image's)
-  (void)fp8_store_quad<kRope>;
 #endif
 }
 
-// How matmul_fp8 cuts a product (of all a group's weights): row tiles of
-// BN (32 for up to 32 rows, else 64), column tiles of 64, and k split into
-// as many ranges as keep the CTAs within one wave of two a multiprocessor
-// (two fit on each), with at least 4 stages a range and at most
-// kFp8MaxSplits ranges. The cut depends on the shape and the GPU only.
+// y = (part[0] + part[1] + ... in order) * (x_scale * w_scale).
+__global__ void fp8_split_sum_kernel(const float* __restrict__ part, uint32_t splits,
+                                     const float* __restrict__ xs, const float* __restrict__ ws,
+                                     uint32_t n_out, size_t total, float* __restrict__ y) {
+  dependency_wait();
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < total;
+       i += size_t{gridDim.x} * blockDim.x) {
+    float v = part[i];
+    for (uint32_t s = 1; s < splits; ++s) v += part[s * total + i];
+    y[i] = fp8_scaled(v, xs[i / n_out], ws[i % n_out]);
+  }
+}
+
+// How matmul_fp8 cuts a product: row tiles of BN (32 for up to 32 rows,
+// else 64), column tiles of 64, and k split into as many ranges as keep
+// the CTAs within one wave of two a multiprocessor (two fit on each), with
+// at least 4 stages a range. The cut depends on the shape and the GPU only.
 struct Fp8Plan {
   uint32_t bn, row_tiles, col_tiles, splits, split_tiles;
 };
@@ -443,31 +341,33 @@ uint32_t min_split_stages() {
       std::clamp<size_t>(knob_size("FERRY_CUDA_FP8_MIN_STAGES", 4), 1, 1u << 16));
   return v;
 }
-Fp8Plan fp8_plan(size_t n_in, size_t col_tiles, size_t n_rows) {
+Fp8Plan fp8_plan(size_t n_in, size_t n_out, size_t n_rows) {
   Fp8Plan p{};
   p.bn = n_rows <= 32 ? 32 : 64;
   p.row_tiles = static_cast<uint32_t>((n_rows + p.bn - 1) / p.bn);
-  p.col_tiles = static_cast<uint32_t>(col_tiles);
+  p.col_tiles = static_cast<uint32_t>((n_out + kWgCols - 1) / kWgCols);
   const uint32_t k_tiles = static_cast<uint32_t>((n_in + kWgK - 1) / kWgK);
   const size_t wave = 2 * tc::device_sms();
-  const uint32_t splits = static_cast<uint32_t>(std::clamp<size_t>(
-      std::min<size_t>(wave / (size_t{p.col_tiles} * p.row_tiles), k_tiles / min_split_stages()), 1,
-      kFp8MaxSplits));
+  const uint32_t splits = static_cast<uint32_t>(std::max<size_t>(
+      std::min<size_t>(wave / (size_t{p.col_tiles} * p.row_tiles), k_tiles / min_split_stages()),
+      1));
   p.split_tiles = (k_tiles + splits - 1) / splits;
   p.splits = (k_tiles + p.split_tiles - 1) / p.split_tiles;
   return p;
 }
 
-template <int BN, bool kRope>
-void launch_fp8_tiles(const Fp8Plan& p, Fp8Group& grp, const uint8_t* x, const float* xs,
-                      size_t n_in, size_t n_rows, cudaStream_t stream) {
+template <int BN>
+void launch_fp8_tiles(const Fp8Plan& p, const uint8_t* w, const float* ws, const uint8_t* x,
+                      const float* xs, size_t n_in, size_t n_out, size_t n_rows, float* part,
+                      float* y, cudaStream_t stream) {
   using T = Fp8WgTile<BN>;
-  detail::raise_smem_limit<matmul_fp8_kernel<BN, kRope>>(T::kSmemBytes);
-  grp.x = tc::tensor_map_sw128(x, 1, n_in, n_rows, BN);
-  detail::launch_cluster("matmul_fp8", matmul_fp8_kernel<BN, kRope>,
-                         dim3(p.col_tiles, p.splits, p.row_tiles), dim3(1, p.splits, 1),
-                         T::kThreads, T::kSmemBytes, stream, grp, xs, static_cast<uint32_t>(n_in),
-                         static_cast<uint32_t>(n_rows), p.split_tiles, tc::pre_stages());
+  detail::raise_smem_limit<matmul_fp8_kernel<BN>>(T::kSmemBytes);
+  const Fp8Maps maps{tc::tensor_map_sw128(w, 1, n_in, n_out, kWgCols),
+                     tc::tensor_map_sw128(x, 1, n_in, n_rows, BN)};
+  launch("matmul_fp8", matmul_fp8_kernel<BN>, dim3(p.col_tiles, p.splits, p.row_tiles), T::kThreads,
+         T::kSmemBytes, stream, maps, ws, xs, static_cast<uint32_t>(n_in),
+         static_cast<uint32_t>(n_out), static_cast<uint32_t>(n_rows), p.split_tiles,
+         tc::pre_stages(), part, y);
 }
 
 }  // namespace
@@ -526,62 +426,28 @@ bool matmul_fp8_applies(size_t n_in) {
   return n_in > 0 && n_in % 16 == 0 && n_in < (size_t{1} << 31) && tc::wgmma_available();
 }
 
-bool matmul_fp8_qkv_applies(std::span<const Fp8Weight> ws, size_t head_dim) {
-  if (ws.size() != 3 || head_dim == 0 || head_dim % 4 != 0 || head_dim >= (size_t{1} << 16))
-    return false;
-  for (const Fp8Weight& w : ws)
-    if (w.n_out % head_dim != 0) return false;
-  return true;
-}
-
-void matmul_fp8_many(std::span<const Fp8Weight> ws, const uint8_t* x, const float* x_scales,
-                     size_t n_in, size_t n_rows, cudaStream_t stream, const QkvEpilogue* ep) {
-  FERRY_CHECK(!ws.empty() && ws.size() <= kFp8MaxGroup, "fp8", "matmul_fp8_many: ", ws.size(),
-              " weights (1 to ", kFp8MaxGroup, " a launch)");
-  FERRY_CHECK(ep == nullptr || matmul_fp8_qkv_applies(ws, ep->head_dim), "fp8",
-              "matmul_fp8_many: the Q/K/V epilogue takes 3 weights whose columns are whole heads "
-              "of a head_dim that is a multiple of 4 (head_dim ",
-              ep ? ep->head_dim : 0, ", ", ws.size(), " weights)");
-  FERRY_CHECK(ep == nullptr || ep->kv == kernels::KvFormat::Kind::Affine || ep->writes != nullptr,
-              "fp8", "matmul_fp8_many: a dense KV store needs its writes");
-  if (n_rows == 0) return;  // (nothing to check the shape against, as before)
-  FERRY_CHECK(matmul_fp8_applies(n_in) && n_rows <= size_t{65535} * 32, "fp8",
-              "matmul_fp8: ", n_rows, " rows of ", n_in);
-  Fp8Group grp{};
-  size_t tiles = 0;
-  for (size_t i = 0; i < kFp8MaxGroup; ++i) {
-    if (i < ws.size()) {
-      const Fp8Weight& w = ws[i];
-      FERRY_CHECK(w.n_out < (size_t{1} << 31), "fp8", "matmul_fp8: ", w.n_out, " columns");
-      tiles += (w.n_out + kWgCols - 1) / kWgCols;
-      // (A weight of no columns has no tiles and no map.)
-      if (w.n_out > 0) grp.w[i] = tc::tensor_map_sw128(w.codes, 1, n_in, w.n_out, kWgCols);
-      grp.ws[i] = w.scales;
-      grp.y[i] = w.y;
-      grp.n_out[i] = static_cast<uint32_t>(w.n_out);
-      grp.role[i] = static_cast<uint8_t>(ep ? i + 1 : 0);  // q, k, v
-    }
-    grp.tile_end[i] = static_cast<uint32_t>(tiles);
-  }
-  FERRY_CHECK(tiles < (size_t{1} << 31), "fp8", "matmul_fp8: ", tiles, " column tiles");
-  if (tiles == 0) return;
-  if (ep) {
-    grp.pos = ep->pos;
-    grp.inv_freq = ep->inv_freq;
-    grp.writes = ep->writes;
-    grp.head_dim = static_cast<uint32_t>(ep->head_dim);
-    grp.kv = ep->kv;
-  }
-  const Fp8Plan p = fp8_plan(n_in, tiles, n_rows);
-  const auto go = p.bn == 32 ? (ep ? launch_fp8_tiles<32, true> : launch_fp8_tiles<32, false>)
-                             : (ep ? launch_fp8_tiles<64, true> : launch_fp8_tiles<64, false>);
-  go(p, grp, x, x_scales, n_in, n_rows, stream);
+size_t matmul_fp8_scratch(size_t n_in, size_t n_out, size_t n_rows) {
+  if (!matmul_fp8_applies(n_in) || n_rows == 0 || n_out == 0) return 0;
+  const Fp8Plan p = fp8_plan(n_in, n_out, n_rows);
+  return p.splits > 1 ? size_t{p.splits} * n_rows * n_out * sizeof(float) : 0;
 }
 
 void matmul_fp8(const uint8_t* w, const float* w_scales, const uint8_t* x, const float* x_scales,
-                size_t n_in, size_t n_out, size_t n_rows, float* y, cudaStream_t stream) {
-  const Fp8Weight one{w, w_scales, n_out, y};
-  matmul_fp8_many(std::span<const Fp8Weight>(&one, 1), x, x_scales, n_in, n_rows, stream);
+                size_t n_in, size_t n_out, size_t n_rows, float* y, void* scratch,
+                cudaStream_t stream) {
+  if (n_rows == 0 || n_out == 0) return;
+  FERRY_CHECK(matmul_fp8_applies(n_in) && n_out < (size_t{1} << 31) && n_rows <= size_t{65535} * 32,
+              "fp8", "matmul_fp8: ", n_rows, " rows of ", n_in, " -> ", n_out);
+  const Fp8Plan p = fp8_plan(n_in, n_out, n_rows);
+  float* part = static_cast<float*>(scratch);
+  FERRY_CHECK(p.splits == 1 || part != nullptr, "fp8", "matmul_fp8 needs scratch here");
+  (p.bn == 32 ? launch_fp8_tiles<32> : launch_fp8_tiles<64>)(p, w, w_scales, x, x_scales, n_in,
+                                                             n_out, n_rows, part, y, stream);
+  if (p.splits > 1) {
+    const size_t total = n_rows * n_out;
+    launch("fp8_split_sum", fp8_split_sum_kernel, detail::elementwise_blocks(total, 256), 256, 0,
+           stream, part, p.splits, x_scales, w_scales, static_cast<uint32_t>(n_out), total, y);
+  }
 }
 
 void scale_fp8_product(const void* acc, bool acc_bf16, const float* row_scale,

@@ -12,10 +12,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <span>
 
 #include "core/dtype.h"
-#include "cuda/cuda_ops.h"
 
 namespace ferry::cuda {
 
@@ -51,43 +49,19 @@ void gemv_fp8(const uint8_t* w, const float* w_scales, const uint16_t* x, size_t
 // E4M3 codes as Fp8Gemm::product forms it (x quantized per row by
 // quantize_fp8_rows; y[r, j] = sum * (x_scales[r] * w_scales[j])), in
 // ferry's kernel on Hopper's FP8 warpgroup mma: tiles of 64 columns x 32 or
-// 64 rows fed by TMA, k split over up to kFp8MaxSplits CTAs where the
-// columns alone give too few; a tile's splits form a thread-block cluster
-// and add their sums through distributed shared memory in split order (no
-// scratch, no second launch). The f32 sum adds the tensor core's sums of
-// 128 products at a time (Hopper adds FP8 products inside an mma chain at
+// 64 rows fed by TMA, k split over CTAs where the columns alone give too
+// few (the splits' sums, in `scratch` of matmul_fp8_scratch bytes, are
+// added in a fixed order). The f32 sum adds the tensor core's sums of 128
+// products at a time (Hopper adds FP8 products inside an mma chain at
 // reduced precision). Runs any row count; matmul_fp8_applies: n_in a
-// positive multiple of 16 and a device that runs the sm_90a image
-// (Hopper). Like gemv_fp8 it loads its first weights before its
-// dependency wait. The cut depends on the shape (of all the weights of a
-// matmul_fp8_many call) and the GPU, never on the values.
+// positive multiple of 16 and a device that runs the sm_90a image (Hopper). Like
+// gemv_fp8 it loads its first weights before its dependency wait.
 inline constexpr size_t kFp8MmaRows = 64;
-inline constexpr size_t kFp8MaxSplits = 8;  // (a portable cluster's size)
 bool matmul_fp8_applies(size_t n_in);
+size_t matmul_fp8_scratch(size_t n_in, size_t n_out, size_t n_rows);
 void matmul_fp8(const uint8_t* w, const float* w_scales, const uint8_t* x, const float* x_scales,
-                size_t n_in, size_t n_out, size_t n_rows, float* y, cudaStream_t stream);
-
-// Up to kFp8MaxGroup weights of one n_in against the same activations in
-// one launch (Q/K/V, gate and up): each weight's column tiles side by side
-// in the grid, one split of k for all. Each y is matmul_fp8's product
-// under the group's cut (its bits may differ from a lone matmul_fp8 call's
-// where the split does).
-inline constexpr size_t kFp8MaxGroup = 3;
-struct Fp8Weight {
-  const uint8_t* codes = nullptr;
-  const float* scales = nullptr;
-  size_t n_out = 0;
-  float* y = nullptr;
-};
-// ep: a decode step's Q/K/V (ws = q, k, v) with rope of q and k and, for
-// a dense cache, the KV write of k and v in the epilogue (QkvEpilogue, as
-// matmul_tc_qkv_rope takes it): y the bits of the plain product, then
-// rope2 of q and k, then kv_store of k and v (matmul_fp8_qkv_applies:
-// head_dim a multiple of 4 dividing each weight's columns).
-bool matmul_fp8_qkv_applies(std::span<const Fp8Weight> ws, size_t head_dim);
-void matmul_fp8_many(std::span<const Fp8Weight> ws, const uint8_t* x, const float* x_scales,
-                     size_t n_in, size_t n_rows, cudaStream_t stream,
-                     const QkvEpilogue* ep = nullptr);
+                size_t n_in, size_t n_out, size_t n_rows, float* y, void* scratch,
+                cudaStream_t stream);
 
 // y[r, j] = acc[r, j] * (row_scale[r] * col_scale[j]) for [n_rows, n_out]
 // products; acc is f32 or bf16 (acc_bf16) and may be y itself when f32.

@@ -12,6 +12,11 @@ using Kind = kernels::KvFormat::Kind;
 
 constexpr unsigned kThreads = 64;
 
+__device__ __forceinline__ void store_u16(uint8_t* p, uint32_t v) {
+  p[0] = static_cast<uint8_t>(v);
+  p[1] = static_cast<uint8_t>(v >> 8);
+}
+
 // std::max / std::min semantics (the first argument on ties and NaN), which
 // the CPU's min/max scan and clamp rely on; fmaxf would differ on -0/+0.
 __device__ __forceinline__ float std_max(float a, float b) {
@@ -129,7 +134,24 @@ __global__ void __launch_bounds__(256)
       // Planes are device memory the caller owns; KvSide spells them const for readers.
       uint8_t* p0 = const_cast<uint8_t*>(side.plane[0]) + h * side.head_stride[0] +
                     size_t{wr.slot} * side.unit[0];
-      store_dense_kv4(p0 + (kind == Kind::F32 ? 4 : 2) * i, x, kind);
+      if (kind == Kind::F32) {
+        float* d = reinterpret_cast<float*>(p0) + i;
+        if (reinterpret_cast<uintptr_t>(d) % 16 == 0) {
+          *reinterpret_cast<float4*>(d) = x;
+        } else {
+          d[0] = x.x, d[1] = x.y, d[2] = x.z, d[3] = x.w;
+        }
+      } else {
+        const bool f16 = kind == Kind::F16;
+        const uint32_t a = f16 ? f2h(x.x) : f2bf(x.x), b = f16 ? f2h(x.y) : f2bf(x.y);
+        const uint32_t c = f16 ? f2h(x.z) : f2bf(x.z), d = f16 ? f2h(x.w) : f2bf(x.w);
+        uint8_t* dst = p0 + 2 * i;
+        if (reinterpret_cast<uintptr_t>(dst) % 8 == 0) {
+          *reinterpret_cast<uint2*>(dst) = make_uint2(a | b << 16, c | d << 16);
+        } else {
+          store_u16(dst, a), store_u16(dst + 2, b), store_u16(dst + 4, c), store_u16(dst + 6, d);
+        }
+      }
     }
     return;
   }

@@ -208,45 +208,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int c
       : "memory");
 #endif
 }
-// ---- thread-block clusters (sm_90) ---------------------------------------------
-// Launched by detail::launch_cluster on Hopper only; other images trap.
-//
-// The cluster's barrier, every thread of every block (release/acquire:
-// shared-memory writes before it are seen by every block of the cluster
-// after it).
-__device__ __forceinline__ void cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "barrier.cluster.arrive.release.aligned;\n"
-      "barrier.cluster.wait.acquire.aligned;" ::
-          : "memory");
-#else
-  __trap();
-#endif
-}
-// Block `rank`'s copy of the shared variable at p (a generic address).
-template <class T>
-__device__ __forceinline__ const T* cluster_peer(const T* p, unsigned rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint64_t q;
-  asm volatile("mapa.u64 %0, %1, %2;" : "=l"(q) : "l"(p), "r"(rank));
-  return reinterpret_cast<const T*>(q);
-#else
-  (void)rank;
-  return p;
-#endif
-}
-// This block's rank in its cluster.
-__device__ __forceinline__ unsigned cluster_rank() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-#else
-  return 0;
-#endif
-}
-
 // A barrier over the first n_threads threads (whole warps) of the block.
 __device__ __forceinline__ void bar_sync(uint32_t id, uint32_t n_threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n_threads) : "memory");

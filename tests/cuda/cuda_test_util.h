@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <string>
 #include <vector>
 
 #include "core/half.h"
@@ -131,75 +130,6 @@ struct KvPlanes {
       s.unit[p] = units[p];
     }
     return s;
-  }
-};
-
-// The outputs of a decode step's Q/K/V product and its epilogue (rope of q
-// and k, the KV write of k and v): y for q, k and v (poisoned, with
-// kGuard poisoned floats past each), fresh K and V cache planes of C
-// columns and one spare head (filled with 0xab and 0xcd) and row r's write
-// into column (5 + 7 r) % C of them (token r).
-struct QkvOutputs {
-  static constexpr size_t kGuard = 64;
-  std::vector<std::unique_ptr<DeviceBuffer<float>>> y;
-  float* ys[3] = {};
-  std::unique_ptr<KvPlanes> K, V;
-  std::unique_ptr<DeviceBuffer<cuda::KvWrite>> writes;
-  size_t n_rows, head_dim, kv_heads;
-  kernels::KvFormat fmt;
-  QkvOutputs(const size_t (&n_outs)[3], size_t rows, kernels::KvFormat f, size_t hd,
-             size_t n_kv_heads, size_t C)
-      : n_rows(rows), head_dim(hd), kv_heads(n_kv_heads), fmt(f) {
-    for (size_t i = 0; i < 3; ++i) {
-      y.push_back(std::make_unique<DeviceBuffer<float>>(n_rows * n_outs[i] + kGuard));
-      y.back()->poison();
-      ys[i] = y.back()->get();
-    }
-    // (One head more than the writes address: a store past the layer's
-    // heads shows in expect_same.)
-    K = std::make_unique<KvPlanes>(f, head_dim, kv_heads + 1, C, 0xab);
-    V = std::make_unique<KvPlanes>(f, head_dim, kv_heads + 1, C, 0xcd);
-    K->upload();
-    V->upload();
-    std::vector<cuda::KvWrite> w(n_rows);
-    for (size_t r = 0; r < n_rows; ++r) {
-      w[r].k = K->side(true);
-      w[r].v = V->side(true);
-      w[r].slot = static_cast<uint32_t>((5 + 7 * r) % C);
-      w[r].token = static_cast<uint32_t>(r);
-    }
-    writes = std::make_unique<DeviceBuffer<cuda::KvWrite>>(w.size());
-    CK(cudaMemcpy(writes->get(), w.data(), w.size() * sizeof(cuda::KvWrite),
-                  cudaMemcpyHostToDevice));
-  }
-  // The separate ops a fused epilogue must equal, on y as the product left
-  // it: rope2 of q and k, then (dense formats) kv_store of k and v.
-  void rope_and_store(const int32_t* pos, const float* inv_freq, size_t q_heads) {
-    cuda::rope2(ys[0], q_heads, ys[1], kv_heads, n_rows, head_dim, pos, inv_freq, nullptr);
-    if (fmt.kind != kernels::KvFormat::Kind::Affine)
-      cuda::kv_store(writes->get(), n_rows, kv_heads, head_dim, ys[1], ys[2], nullptr);
-  }
-  // The fused epilogue that writes these planes.
-  cuda::QkvEpilogue epilogue(const int32_t* pos, const float* inv_freq) const {
-    cuda::QkvEpilogue ep;
-    ep.pos = pos;
-    ep.inv_freq = inv_freq;
-    ep.head_dim = head_dim;
-    ep.kv = fmt.kind;
-    ep.writes = writes->get();
-    return ep;
-  }
-  // Where got (the fused launch's) differs from this (the separate ops'):
-  // every output bit and every byte of the cache planes.
-  void expect_same(const QkvOutputs& got, const std::string& where) const {
-    for (size_t i = 0; i < 3; ++i) {
-      const auto a = y[i]->download(), b = got.y[i]->download();
-      EXPECT_EQ(first_bit_diff(a, b.data(), a.size()), -1) << where << " output " << i;
-    }
-    for (size_t p = 0; p < K->units.size(); ++p) {
-      EXPECT_TRUE(got.K->download(p) == K->download(p)) << where << " K plane " << p;
-      EXPECT_TRUE(got.V->download(p) == V->download(p)) << where << " V plane " << p;
-    }
   }
 };
 

@@ -10,10 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <random>
-#include <string>
-#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -291,153 +288,34 @@ TEST_F(Fp8Test, MmaKernelMatchesCodesMultipliedOut) {
         Shape{4112, 200, 40}, Shape{208, 64, 32}, Shape{256, 704, 20}, Shape{384, 2624, 40},
         Shape{384, 2500, 70}}) {
     Fp8Operands o(rng, s.n_in, s.n_out, s.n_rows);
+    DeviceBuffer<uint8_t> scratch(
+        std::max<size_t>(cuda::matmul_fp8_scratch(s.n_in, s.n_out, s.n_rows), 1));
     const auto run = [&] {
       cuda::matmul_fp8(o.wc.get(), o.ws.get(), o.xc.get(), o.xs.get(), s.n_in, s.n_out, s.n_rows,
-                       o.y.get(), nullptr);
+                       o.y.get(), scratch.get(), nullptr);
     };
     run();
     EXPECT_EQ(count_off(o, false), 0u) << s.n_in << "->" << s.n_out << " x" << s.n_rows;
     const std::vector<float> first = o.y.download();
     o.y.poison();
+    scratch.poison();
     run();
     EXPECT_EQ(first_bit_diff(first, o.y.download().data(), first.size()), -1)
         << s.n_in << "->" << s.n_out << " x" << s.n_rows;
   }
 }
 
-// matmul_fp8_many: weights of one n_in against the same codes in one
-// launch, each output as close to its codes multiplied out as a lone
-// product's: groups of 1-3 weights with partial column tiles, a weight of
-// no columns, k split (narrow groups) and not (wide ones), 32- and 64-row
-// tiles; a second run gives the same bits.
-TEST_F(Fp8Test, MmaKernelRunsWeightsTogether) {
-  if (!cuda::matmul_fp8_applies(64)) GTEST_SKIP() << "matmul_fp8 runs on Hopper only";
-  std::mt19937 rng(29);
-  struct Case {
-    size_t n_in, n_rows;
-    std::vector<size_t> outs;
-  };
-  for (const Case& c : {Case{4096, 64, {4096, 1024, 1024}}, Case{4096, 9, {4096, 1024, 1024}},
-                        Case{4096, 34, {14336, 14336}}, Case{1024, 20, {100, 0, 72}},
-                        Case{14336, 40, {96}}, Case{256, 70, {8200, 40}}}) {
-    std::vector<std::unique_ptr<Fp8Operands>> o;
-    for (size_t n : c.outs) {
-      o.push_back(std::make_unique<Fp8Operands>(rng, c.n_in, n, c.n_rows));
-      if (o.size() == 1) continue;
-      // Every weight reads the first one's activations.
-      CK(cudaMemcpy(o.back()->xc.get(), o[0]->xc.get(), c.n_rows * c.n_in,
-                    cudaMemcpyDeviceToDevice));
-      CK(cudaMemcpy(o.back()->xs.get(), o[0]->xs.get(), c.n_rows * 4, cudaMemcpyDeviceToDevice));
-    }
-    std::vector<cuda::Fp8Weight> ws;
-    for (auto& p : o) ws.push_back({p->wc.get(), p->ws.get(), p->n_out, p->y.get()});
-    const auto run = [&] {
-      cuda::matmul_fp8_many(ws, o[0]->xc.get(), o[0]->xs.get(), c.n_in, c.n_rows, nullptr);
-      CK(cudaDeviceSynchronize());
-    };
-    run();
-    std::vector<std::vector<float>> first;
-    for (auto& p : o) {
-      EXPECT_EQ(count_off(*p, false), 0u) << c.n_in << "->" << p->n_out << " x" << c.n_rows;
-      first.push_back(p->y.download());
-      p->y.poison();
-    }
-    run();
-    for (size_t g = 0; g < o.size(); ++g)
-      EXPECT_EQ(first_bit_diff(first[g], o[g]->y.download().data(), first[g].size()), -1)
-          << c.n_in << "->" << o[g]->n_out << " x" << c.n_rows;
-  }
-}
-
-// The Q/K/V epilogue of matmul_fp8_many (rope of q and k, the KV write of
-// k and v): the bits of the plain launch, then rope2, then kv_store, for
-// head_dim 64 and 128 (whole column tiles, k split in 2), 16 (K and V of
-// 32 columns: part of a tile) and 80 (K and V of 160; n_in 512, k not
-// split), steps of 1 to 64 rows, dense caches of each kind (every byte of
-// the planes compared, a spare head included) and an affine one where
-// head_dim allows (only rotated, the planes left alone); nothing is
-// written past the outputs or the layer's heads.
-TEST_F(Fp8Test, MmaQkvEpilogueEqualsSeparateOps) {
-  if (!cuda::matmul_fp8_applies(64)) GTEST_SKIP() << "matmul_fp8 runs on Hopper only";
-  using kernels::KvFormat;
-  std::mt19937 rng(31);
-  const size_t C = 80, q_heads = 4, kv_heads = 2;
-  for (const auto& [hd, n_in] :
-       {std::pair<size_t, size_t>{64, 1040}, {128, 1040}, {16, 1040}, {80, 512}}) {
-    const size_t n_outs[3] = {q_heads * hd, kv_heads * hd, kv_heads * hd};
-    std::vector<float> inv_freq(hd / 2);
-    for (size_t i = 0; i < hd / 2; ++i)
-      inv_freq[i] = std::pow(10000.0f, -2.0f * static_cast<float>(i) / static_cast<float>(hd));
-    const DeviceBuffer<float> d_freq(inv_freq);
-    for (size_t n_rows : {1, 9, 40, 64}) {
-      std::vector<std::unique_ptr<Fp8Operands>> o;
-      for (size_t n : n_outs) {
-        o.push_back(std::make_unique<Fp8Operands>(rng, n_in, n, n_rows));
-        if (o.size() == 1) continue;
-        CK(cudaMemcpy(o.back()->xc.get(), o[0]->xc.get(), n_rows * n_in, cudaMemcpyDeviceToDevice));
-        CK(cudaMemcpy(o.back()->xs.get(), o[0]->xs.get(), n_rows * 4, cudaMemcpyDeviceToDevice));
-      }
-      std::vector<int32_t> pos(n_rows);
-      for (size_t r = 0; r < n_rows; ++r) pos[r] = static_cast<int32_t>(37 + 1011 * r);
-      const DeviceBuffer<int32_t> d_pos(pos);
-      const auto weights = [&](float* const(&ys)[3]) {
-        std::vector<cuda::Fp8Weight> ws;
-        for (size_t i = 0; i < 3; ++i)
-          ws.push_back({o[i]->wc.get(), o[i]->ws.get(), n_outs[i], ys[i]});
-        return ws;
-      };
-      for (const KvFormat& f :
-           {KvFormat::bf16(), KvFormat::f16(), KvFormat::f32(), KvFormat::affine(4, 64)}) {
-        if (f.kind == KvFormat::Kind::Affine && hd % 64 != 0) continue;
-        QkvOutputs want(n_outs, n_rows, f, hd, kv_heads, C);
-        cuda::matmul_fp8_many(weights(want.ys), o[0]->xc.get(), o[0]->xs.get(), n_in, n_rows,
-                              nullptr);
-        want.rope_and_store(d_pos.get(), d_freq.get(), q_heads);
-        QkvOutputs got(n_outs, n_rows, f, hd, kv_heads, C);
-        const cuda::QkvEpilogue ep = got.epilogue(d_pos.get(), d_freq.get());
-        ASSERT_TRUE(cuda::matmul_fp8_qkv_applies(weights(got.ys), hd));
-        cuda::matmul_fp8_many(weights(got.ys), o[0]->xc.get(), o[0]->xs.get(), n_in, n_rows,
-                              nullptr, &ep);
-        CK(cudaDeviceSynchronize());
-        want.expect_same(
-            got, f.name() + " head_dim " + std::to_string(hd) + " rows " + std::to_string(n_rows));
-      }
-    }
-  }
-}
-
 // Bad shapes are refused with an error naming the operation, before any
 // device work (no GPU needed): matmul_fp8 with n_in 0 or not a multiple of 16,
-// matmul_fp8_many with no weights or more than kFp8MaxGroup or a Q/K/V
-// epilogue it cannot run,
 // and a tensor map of elements neither 1 nor 2 bytes wide.
 TEST(Fp8Errors, BadShapesAreRefused) {
   float y = 0.0f;
   EXPECT_FALSE(cuda::matmul_fp8_applies(72));
-  EXPECT_THROW(cuda::matmul_fp8(nullptr, nullptr, nullptr, nullptr, 72, 8, 9, &y, nullptr), Error);
-  EXPECT_FALSE(cuda::matmul_fp8_applies(0));  // (no k: nothing to cut)
-  EXPECT_THROW(cuda::matmul_fp8(nullptr, nullptr, nullptr, nullptr, 0, 8, 9, &y, nullptr), Error);
-  // A launch takes 1 to kFp8MaxGroup weights.
-  const cuda::Fp8Weight four[4] = {};
-  EXPECT_THROW(cuda::matmul_fp8_many({}, nullptr, nullptr, 64, 9, nullptr), Error);
-  EXPECT_THROW(cuda::matmul_fp8_many(four, nullptr, nullptr, 64, 9, nullptr), Error);
-  // The Q/K/V epilogue: three weights of whole heads, head_dim a multiple of
-  // 4, and a dense store's writes.
-  cuda::QkvEpilogue ep;
-  ep.head_dim = 16;
-  const cuda::Fp8Weight qkv[3] = {
-      {nullptr, nullptr, 64, &y}, {nullptr, nullptr, 32, &y}, {nullptr, nullptr, 32, &y}};
-  EXPECT_TRUE(cuda::matmul_fp8_qkv_applies(qkv, 16));
-  EXPECT_FALSE(cuda::matmul_fp8_qkv_applies(qkv, 6));                 // not 4k
-  EXPECT_FALSE(cuda::matmul_fp8_qkv_applies(qkv, 64));                // not whole heads
-  EXPECT_FALSE(cuda::matmul_fp8_qkv_applies(std::span(qkv, 2), 16));  // two weights
-  EXPECT_THROW(cuda::matmul_fp8_many(std::span(qkv, 2), nullptr, nullptr, 64, 9, nullptr, &ep),
+  EXPECT_THROW(cuda::matmul_fp8(nullptr, nullptr, nullptr, nullptr, 72, 8, 9, &y, nullptr, nullptr),
                Error);
-  ep.head_dim = 24;
-  EXPECT_THROW(cuda::matmul_fp8_many(qkv, nullptr, nullptr, 64, 9, nullptr, &ep), Error);
-  ep.head_dim = 16;
-  ep.kv = kernels::KvFormat::Kind::BF16;  // and no writes
-  EXPECT_THROW(cuda::matmul_fp8_many(qkv, nullptr, nullptr, 64, 9, nullptr, &ep), Error);
+  EXPECT_FALSE(cuda::matmul_fp8_applies(0));  // (no k: nothing to cut)
+  EXPECT_THROW(cuda::matmul_fp8(nullptr, nullptr, nullptr, nullptr, 0, 8, 9, &y, nullptr, nullptr),
+               Error);
   EXPECT_THROW(cuda::tc::tensor_map_sw128(nullptr, 4, 64, 8, 8), Error);
 }
 
