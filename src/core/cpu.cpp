@@ -3,6 +3,7 @@
 #include <cpuid.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "core/error.h"
@@ -17,8 +18,22 @@ uint64_t xgetbv0() {
   return (static_cast<uint64_t>(hi) << 32) | lo;
 }
 
+CpuVendor vendor() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return CpuVendor::Other;
+  char id[13] = {};
+  std::memcpy(id, &b, 4);
+  std::memcpy(id + 4, &d, 4);
+  std::memcpy(id + 8, &c, 4);
+  const std::string_view v(id, 12);
+  if (v == "GenuineIntel") return CpuVendor::Intel;
+  if (v == "AuthenticAMD") return CpuVendor::Amd;
+  return CpuVendor::Other;
+}
+
 CpuFeatures detect() {
   CpuFeatures f;
+  f.vendor = vendor();
   unsigned a, b, c, d;
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
   bool osxsave = c & bit_OSXSAVE;
@@ -84,6 +99,30 @@ CpuPath best_cpu_path() {
     best = p;
   }
   return best;
+}
+
+size_t parse_prefetch_bytes(std::string_view text) {
+  constexpr size_t kMax = size_t{1} << 20;
+  size_t v = 0;
+  bool ok = !text.empty() && text.size() <= 7;
+  for (char ch : text) {
+    ok = ok && ch >= '0' && ch <= '9';
+    if (ok) v = v * 10 + static_cast<size_t>(ch - '0');
+  }
+  if (!ok || v > kMax)
+    fail("cpu", "FERRY_CPU_PREFETCH='", text, "' is not a byte count from 0 to ", kMax);
+  return v;
+}
+
+size_t decode_prefetch_bytes() {
+  static const size_t bytes = [] {
+    if (const char* env = std::getenv("FERRY_CPU_PREFETCH")) return parse_prefetch_bytes(env);
+    // Measured with bench/decode_step, 2 threads (docs/KERNELS.md): 3 KiB
+    // on the 2-vCPU Xeon of 2026-12-01; 8 KiB on the 2-vCPU AMD EPYC of
+    // 2026-12-07, where 3 KiB was no faster than no prefetch at all.
+    return cpu_features().vendor == CpuVendor::Amd ? size_t{8192} : size_t{3072};
+  }();
+  return bytes;
 }
 
 }  // namespace ferry

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/cpu.h"
 #include "kernels/int8_dots.h"
 #include "kernels/int8_qk.h"
 #include "kernels/path_kernels.h"
@@ -180,15 +181,15 @@ struct UnpackQ6_K {
 constexpr size_t kPassRows = 64;
 
 // How far ahead few_rows asks for weight bytes (into L2, prefetcht1):
-// measured on the 2-vCPU Xeon of 2026-12-01, 2 threads, decode tok/s with
-// nothing / 1 / 2 / 3 / 4 KiB: 1B-shaped Q4_K_M 21.9 / 23.6 / 25.8 / 25.7
-// / 24.3, its Q8_0 16.0 / 15.9 / 17.9 / 18.4 / 18.1, SmolLM2 Q8_0 127.8 /
-// 126.1 / 151.0 / 164.5 / 168.8, Q4_1 148.8 / 165.5 / 199.1 / 226.0 /
-// 229.4. Without it the core and the memory took turns (hot, the kernel
-// streams 42 GB/s of Q4_K on two threads; from DRAM it got 13-14 where a
-// plain read gets 33). Into L1 (prefetcht0) was slower for Q8_0 and
-// non-temporal much slower.
-constexpr size_t kFewRowsAhead = 3072;
+// decode_prefetch_bytes() (core/cpu.h), by vendor. Measured on the 2-vCPU
+// Xeon of 2026-12-01, 2 threads, decode tok/s with nothing / 1 / 2 / 3 /
+// 4 KiB: 1B-shaped Q4_K_M 21.9 / 23.6 / 25.8 / 25.7 / 24.3, its Q8_0 16.0
+// / 15.9 / 17.9 / 18.4 / 18.1, SmolLM2 Q8_0 127.8 / 126.1 / 151.0 / 164.5 /
+// 168.8, Q4_1 148.8 / 165.5 / 199.1 / 226.0 / 229.4. Without it the core
+// and the memory took turns (hot, the kernel streams 42 GB/s of Q4_K on
+// two threads; from DRAM it got 13-14 where a plain read gets 33). Into
+// L1 (prefetcht0) was slower for Q8_0 and non-temporal much slower. The
+// 2-vCPU AMD EPYC of 2026-12-07 wants it further ahead (docs/KERNELS.md).
 
 // cols for NR <= kNaturalLayoutMaxRows activation rows in the natural
 // layout (decode), for the types that build their codes in registers
@@ -202,8 +203,9 @@ template <class U, size_t NR>
 void few_rows(const WeightView& w, const QuantRows& x, float* y, size_t j0, size_t j1) {
   const size_t nb = x.nb, nb16 = x.nb16, N = w.n_out, rb = w.row_bytes();
   // One column at a time, so the weights are read in address order, with a
-  // software prefetch kFewRowsAhead bytes on (interleaving two columns was
+  // software prefetch `ahead` bytes on (interleaving two columns was
   // measured slower from DRAM).
+  [[maybe_unused]] const size_t ahead = decode_prefetch_bytes();  // (the reference path has none)
   for (size_t j = j0; j < j1; ++j) {
     const uint8_t* row = w.data + j * rb;
     Vec16 a[NR];
@@ -211,10 +213,9 @@ void few_rows(const WeightView& w, const QuantRows& x, float* y, size_t j0, size
     for (size_t b = 0; b < nb; b += 16) {
       const size_t n = std::min<size_t>(16, nb - b);
 #if defined(FERRY_VEC_AVX512) || defined(FERRY_VEC_AVX2)
-      // This chunk's bytes, kFewRowsAhead further on, towards L2.
-      const uintptr_t p0 =
-          reinterpret_cast<uintptr_t>(row + b * rb / nb + kFewRowsAhead) & ~uintptr_t{63};
-      const uintptr_t p1 = reinterpret_cast<uintptr_t>(row + (b + n) * rb / nb + kFewRowsAhead);
+      // This chunk's bytes, `ahead` further on, towards L2.
+      const uintptr_t p0 = reinterpret_cast<uintptr_t>(row + b * rb / nb + ahead) & ~uintptr_t{63};
+      const uintptr_t p1 = reinterpret_cast<uintptr_t>(row + (b + n) * rb / nb + ahead);
       for (uintptr_t p = p0; p < p1; p += 64)
         _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
 #endif
