@@ -4,9 +4,11 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "core/error.h"
+#include "core/parse.h"
 
 namespace ferry {
 
@@ -103,15 +105,10 @@ CpuPath best_cpu_path() {
 
 size_t parse_prefetch_bytes(std::string_view text) {
   constexpr size_t kMax = size_t{1} << 20;
-  size_t v = 0;
-  bool ok = !text.empty() && text.size() <= 7;
-  for (char ch : text) {
-    ok = ok && ch >= '0' && ch <= '9';
-    if (ok) v = v * 10 + static_cast<size_t>(ch - '0');
-  }
-  if (!ok || v > kMax)
+  const std::optional<size_t> v = parse_decimal(text);
+  if (!v || *v > kMax)
     fail("cpu", "FERRY_CPU_PREFETCH='", text, "' is not a byte count from 0 to ", kMax);
-  return v;
+  return *v;
 }
 
 size_t decode_prefetch_bytes() {

@@ -1,9 +1,10 @@
 // FERRY_CUDA_* environment variables (knobs.h).
 #include "cuda/knobs.h"
 
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
+
+#include "core/parse.h"
 
 namespace ferry::cuda {
 
@@ -14,11 +15,7 @@ bool knob_off(const char* name) {
 
 size_t knob_size(const char* name, size_t fallback) {
   const char* v = std::getenv(name);
-  if (v == nullptr || *v < '0' || *v > '9') return fallback;
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long n = std::strtoull(v, &end, 10);
-  return errno == 0 && *end == '\0' ? static_cast<size_t>(n) : fallback;
+  return v == nullptr ? fallback : parse_decimal(v).value_or(fallback);
 }
 
 }  // namespace ferry::cuda
