@@ -1386,12 +1386,13 @@ class CudaBackend final : public model::Backend {
   // --fp8: steps of up to this many rows take ferry's FP8 mma kernel, more
   // take cuBLASLt's (0: every step above gemv_fp8's rows to cuBLASLt).
   const size_t fp8_mma_rows_ = knob_size("FERRY_CUDA_FP8_MMA_ROWS", kFp8MmaRows);
-  // --fp8: decode steps of up to this many rows (at most kFp8GemvRows, the
-  // default) take gemv_fp8 (bf16 activations), larger ones the FP8 mma
-  // products. Session 42's kernel timings favour 3 (gpu_matmul_bench
-  // --fp8; docs/CUDA.md); not yet run end to end.
+  // --fp8: decode steps of up to this many rows (at most kFp8GemvRows)
+  // take gemv_fp8 (bf16 activations), larger ones the FP8 mma products.
+  // 2: gemv_fp8 re-reads every activation row in each block, so from 3 rows
+  // on matmul_fp8 is faster (session 45, H100: 8 streams decode 2.4x, 4
+  // streams 1.26x, 2 streams the same as at 8; docs/BENCHMARKS.md).
   const size_t fp8_gemv_rows_ =
-      std::min(knob_size("FERRY_CUDA_FP8_GEMV_ROWS", kFp8GemvRows), kFp8GemvRows);
+      std::min(knob_size("FERRY_CUDA_FP8_GEMV_ROWS", kFp8GemvDefaultRows), kFp8GemvRows);
   // --fp8: norms write their output's E4M3 codes (off: quantize launches).
   const bool fp8_codes_ = !knob_off("FERRY_CUDA_FP8_CODES");
   Fp8Copy fp8_copy_;

@@ -42,6 +42,9 @@ void quantize_fp8_rows(const void* x, DType type, size_t n_rows, size_t n, uint8
 // product's are), so w must not be written by work still running on the
 // stream when it launches (the backend quantizes weights at load time).
 inline constexpr size_t kFp8GemvRows = 8;
+// The rows up to which the backend's decode steps take gemv_fp8 unless
+// FERRY_CUDA_FP8_GEMV_ROWS says otherwise (more rows: matmul_fp8).
+inline constexpr size_t kFp8GemvDefaultRows = 2;
 void gemv_fp8(const uint8_t* w, const float* w_scales, const uint16_t* x, size_t n_in, size_t n_out,
               size_t n_rows, float* y, cudaStream_t stream);
 

@@ -267,7 +267,7 @@ TEST_F(Fp8Test, DecodeKernelMatchesCodesMultipliedOut) {
 // activations on the FP8 mma, against the same codes multiplied out in
 // double, with the tolerance of cuBLASLt's product above (the kernel adds
 // the tensor core's sums of 128 products in f32). Row counts from 1
-// (FERRY_CUDA_FP8_GEMV_ROWS below 8 gives it decode steps) to
+// (decode steps of more than kFp8GemvDefaultRows rows take it) to
 // several row tiles (of 32 or 64 rows), column counts that are not a
 // multiple of a tile's 64, k split over CTAs and not (narrow products
 // split, 8,192 columns do not), and n_in of less than one stage of 128
