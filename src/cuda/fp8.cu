@@ -204,20 +204,14 @@ void gemv_rows(const uint8_t* w, const float* sw, const uint16_t* x, uint32_t n_
 // several: each writes its sum to part[split] and fp8_split_sum adds the
 // splits in order, so every output has one fixed order of additions for
 // its shape.
-// A CTA holds WG consumer warpgroups, each 64 columns of the tile, which
-// share every stage's activations: with WG = 2 a stage reads 8 KB of
-// activations (64 rows) for 16 KB of weights instead of 8 for 8, halving
-// what the activations add to the weights' traffic into the SMs.
 constexpr uint32_t kWgCols = 64, kWgK = 128;
 
-template <int BN, int WG>
+template <int BN>
 struct Fp8WgTile {
-  static constexpr uint32_t kCols = kWgCols * WG;
-  // Two CTAs a multiprocessor: as many stages as fit in half its memory.
-  static constexpr int kStages = WG == 1 ? (BN <= 32 ? 8 : 6) : (BN <= 32 ? 5 : 4);
-  static constexpr int kThreads = 128 * WG + 32;  // the consumer warpgroups + the producer warp
-  static constexpr uint32_t kWBytes = kCols * kWgK;
-  static constexpr uint32_t kStageBytes = (kCols + BN) * kWgK;
+  static constexpr int kStages = BN <= 32 ? 8 : 6;
+  static constexpr int kThreads = 128 + 32;  // the consumer warpgroup + the producer warp
+  static constexpr uint32_t kWBytes = kWgCols * kWgK;
+  static constexpr uint32_t kStageBytes = (kWgCols + BN) * kWgK;
   // + alignment, + the stages' full and empty barriers
   static constexpr size_t kSmemBytes = size_t{kStages} * kStageBytes + 1024 + 16 * kStages;
 };
@@ -225,34 +219,34 @@ struct Fp8Maps {
   CUtensorMap w, x;  // boxes of 128 codes x 64 weight rows / BN activation rows
 };
 
-template <int BN, int WG>
-__global__ void __launch_bounds__(Fp8WgTile<BN, WG>::kThreads, 2)  // two a multiprocessor
+template <int BN>
+__global__ void __launch_bounds__(Fp8WgTile<BN>::kThreads)
     matmul_fp8_kernel(const __grid_constant__ Fp8Maps maps, const float* __restrict__ ws,
                       const float* __restrict__ xs, uint32_t n_in, uint32_t n_out, uint32_t n_rows,
                       uint32_t split_tiles, uint32_t pre_stages, float* __restrict__ part,
                       float* __restrict__ y) {
 #if FERRY_SM90A
-  using T = Fp8WgTile<BN, WG>;
+  using T = Fp8WgTile<BN>;
   constexpr int S = T::kStages;
   extern __shared__ uint4 smem_raw[];
   const uint32_t smem =
       (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
   const uint32_t full = smem + S * T::kStageBytes, empty = full + 8 * S;
-  const uint32_t j0 = blockIdx.x * T::kCols, r0 = blockIdx.z * BN;
+  const uint32_t j0 = blockIdx.x * kWgCols, r0 = blockIdx.z * BN;
   const uint32_t k_tiles = (n_in + kWgK - 1) / kWgK, kt0 = blockIdx.y * split_tiles;
   const uint32_t nt = min(split_tiles, k_tiles - kt0);  // this CTA's stages
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       detail::mbar_init(full + 8 * s, 1);
-      detail::mbar_init(empty + 8 * s, WG);  // one arrival a consumer warpgroup
+      detail::mbar_init(empty + 8 * s, 1);
     }
     detail::mbar_init_fence();
   }
   __syncthreads();
 
-  if (threadIdx.x >= 128 * WG) {  // the producer warp
-    if (threadIdx.x == 128 * WG) {
+  if (threadIdx.x >= 128) {  // the producer warp
+    if (threadIdx.x == 128) {
       auto issue_w = [&](uint32_t i) {
         const uint32_t st = smem + (i % S) * T::kStageBytes, bar = full + 8 * (i % S);
         detail::mbar_expect_tx(bar, T::kStageBytes);
@@ -281,8 +275,6 @@ __global__ void __launch_bounds__(Fp8WgTile<BN, WG>::kThreads, 2)  // two a mult
   }
   detail::dependency_wait();  // (y and part may still be read by the kernel before)
 
-  const int wg = static_cast<int>(threadIdx.x) / 128;  // this warpgroup's 64 columns
-  const uint32_t st_w = static_cast<uint32_t>(wg) * kWgCols * kWgK;
   float acc[BN / 2], chain[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = chain[i] = 0.0f;
@@ -293,27 +285,25 @@ __global__ void __launch_bounds__(Fp8WgTile<BN, WG>::kThreads, 2)  // two a mult
     detail::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < static_cast<int>(kWgK / 32); ++kk)
-      detail::wgmma_e4m3<BN>(chain, detail::wgmma_desc_sw128(st + st_w + kk * 32),
+      detail::wgmma_e4m3<BN>(chain, detail::wgmma_desc_sw128(st + kk * 32),
                              detail::wgmma_desc_sw128(st + T::kWBytes + kk * 32), kk > 0);
     detail::wgmma_commit();
     detail::wgmma_wait<0>();
     detail::wgmma_pin(chain);
-    detail::mbar_arrive_if(empty + 8 * slot, threadIdx.x % 128 == 0);
+    detail::mbar_arrive_if(empty + 8 * slot, threadIdx.x == 0);
 #pragma unroll
     for (int e = 0; e < BN / 2; ++e) acc[e] += chain[e];
   }
 
-  // acc[4i + e]: column jw + 16 warp + g (+ 8 for e >= 2), row r0 + 8i + 2c + (e & 1).
-  const int lane = static_cast<int>(threadIdx.x) % 32,
-            warp = static_cast<int>(threadIdx.x) / 32 % 4;
+  // acc[4i + e]: column j0 + 16 warp + g (+ 8 for e >= 2), row r0 + 8i + 2c + (e & 1).
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
   const int g = lane / 4, c = lane % 4;
-  const uint32_t jw = j0 + static_cast<uint32_t>(wg) * kWgCols;
   float* out = gridDim.y > 1 ? part + static_cast<size_t>(blockIdx.y) * n_rows * n_out : y;
 #pragma unroll
   for (int i = 0; i < BN / 8; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const uint32_t j = jw + warp * 16 + g + 8 * (e / 2), r = r0 + i * 8 + 2 * c + e % 2;
+      const uint32_t j = j0 + warp * 16 + g + 8 * (e / 2), r = r0 + i * 8 + 2 * c + e % 2;
       if (j < n_out && r < n_rows)
         out[static_cast<size_t>(r) * n_out + j] =
             gridDim.y > 1 ? acc[i * 4 + e] : fp8_scaled(acc[i * 4 + e], xs[r], ws[j]);
@@ -321,7 +311,7 @@ __global__ void __launch_bounds__(Fp8WgTile<BN, WG>::kThreads, 2)  // two a mult
 #else
   (void)maps, (void)ws, (void)xs, (void)n_in, (void)n_out, (void)n_rows, (void)split_tiles;
   (void)pre_stages, (void)part, (void)y;
-  (void)Fp8WgTile<BN, WG>::kWBytes;  // (the sm_90a image's)
+  (void)Fp8WgTile<BN>::kWBytes;  // (the sm_90a image's)
 #endif
 }
 
@@ -339,12 +329,11 @@ __global__ void fp8_split_sum_kernel(const float* __restrict__ part, uint32_t sp
 }
 
 // How matmul_fp8 cuts a product: row tiles of BN (32 for up to 32 rows,
-// else 64), column tiles of 64 x WG, and k split into as many ranges as
-// keep the CTAs within one wave of two a multiprocessor (two fit on each),
-// with at least 4 stages a range. The cut depends on the shape, the GPU
-// and the column groups asked for only.
+// else 64), column tiles of 64, and k split into as many ranges as keep
+// the CTAs within one wave of two a multiprocessor (two fit on each), with
+// at least 4 stages a range. The cut depends on the shape and the GPU only.
 struct Fp8Plan {
-  uint32_t bn, wg, row_tiles, col_tiles, splits, split_tiles;
+  uint32_t bn, row_tiles, col_tiles, splits, split_tiles;
 };
 // The fewest stages a split may have (FERRY_CUDA_FP8_MIN_STAGES, a measuring knob).
 uint32_t min_split_stages() {
@@ -352,18 +341,11 @@ uint32_t min_split_stages() {
       std::clamp<size_t>(knob_size("FERRY_CUDA_FP8_MIN_STAGES", 4), 1, 1u << 16));
   return v;
 }
-// The column groups of a CTA (FERRY_CUDA_FP8_WG: 1 or 2; 1 unless set).
-uint32_t col_groups(int asked) {
-  static const uint32_t knob =
-      static_cast<uint32_t>(std::clamp<size_t>(knob_size("FERRY_CUDA_FP8_WG", 1), 1, 2));
-  return asked == 1 || asked == 2 ? static_cast<uint32_t>(asked) : knob;
-}
-Fp8Plan fp8_plan(size_t n_in, size_t n_out, size_t n_rows, int asked_groups) {
+Fp8Plan fp8_plan(size_t n_in, size_t n_out, size_t n_rows) {
   Fp8Plan p{};
   p.bn = n_rows <= 32 ? 32 : 64;
-  p.wg = n_out > kWgCols ? col_groups(asked_groups) : 1;
   p.row_tiles = static_cast<uint32_t>((n_rows + p.bn - 1) / p.bn);
-  p.col_tiles = static_cast<uint32_t>((n_out + kWgCols * p.wg - 1) / (kWgCols * p.wg));
+  p.col_tiles = static_cast<uint32_t>((n_out + kWgCols - 1) / kWgCols);
   const uint32_t k_tiles = static_cast<uint32_t>((n_in + kWgK - 1) / kWgK);
   const size_t wave = 2 * tc::device_sms();
   const uint32_t splits = static_cast<uint32_t>(std::max<size_t>(
@@ -374,16 +356,16 @@ Fp8Plan fp8_plan(size_t n_in, size_t n_out, size_t n_rows, int asked_groups) {
   return p;
 }
 
-template <int BN, int WG>
+template <int BN>
 void launch_fp8_tiles(const Fp8Plan& p, const uint8_t* w, const float* ws, const uint8_t* x,
                       const float* xs, size_t n_in, size_t n_out, size_t n_rows, float* part,
                       float* y, cudaStream_t stream) {
-  using T = Fp8WgTile<BN, WG>;
-  detail::raise_smem_limit<matmul_fp8_kernel<BN, WG>>(T::kSmemBytes);
-  const Fp8Maps maps{tc::tensor_map_sw128(w, 1, n_in, n_out, T::kCols),
+  using T = Fp8WgTile<BN>;
+  detail::raise_smem_limit<matmul_fp8_kernel<BN>>(T::kSmemBytes);
+  const Fp8Maps maps{tc::tensor_map_sw128(w, 1, n_in, n_out, kWgCols),
                      tc::tensor_map_sw128(x, 1, n_in, n_rows, BN)};
-  launch("matmul_fp8", matmul_fp8_kernel<BN, WG>, dim3(p.col_tiles, p.splits, p.row_tiles),
-         T::kThreads, T::kSmemBytes, stream, maps, ws, xs, static_cast<uint32_t>(n_in),
+  launch("matmul_fp8", matmul_fp8_kernel<BN>, dim3(p.col_tiles, p.splits, p.row_tiles), T::kThreads,
+         T::kSmemBytes, stream, maps, ws, xs, static_cast<uint32_t>(n_in),
          static_cast<uint32_t>(n_out), static_cast<uint32_t>(n_rows), p.split_tiles,
          tc::pre_stages(), part, y);
 }
@@ -444,24 +426,23 @@ bool matmul_fp8_applies(size_t n_in) {
   return n_in > 0 && n_in % 16 == 0 && n_in < (size_t{1} << 31) && tc::wgmma_available();
 }
 
-size_t matmul_fp8_scratch(size_t n_in, size_t n_out, size_t n_rows, int col_groups) {
+size_t matmul_fp8_scratch(size_t n_in, size_t n_out, size_t n_rows) {
   if (!matmul_fp8_applies(n_in) || n_rows == 0 || n_out == 0) return 0;
-  const Fp8Plan p = fp8_plan(n_in, n_out, n_rows, col_groups);
+  const Fp8Plan p = fp8_plan(n_in, n_out, n_rows);
   return p.splits > 1 ? size_t{p.splits} * n_rows * n_out * sizeof(float) : 0;
 }
 
 void matmul_fp8(const uint8_t* w, const float* w_scales, const uint8_t* x, const float* x_scales,
                 size_t n_in, size_t n_out, size_t n_rows, float* y, void* scratch,
-                cudaStream_t stream, int col_groups) {
+                cudaStream_t stream) {
   if (n_rows == 0 || n_out == 0) return;
   FERRY_CHECK(matmul_fp8_applies(n_in) && n_out < (size_t{1} << 31) && n_rows <= size_t{65535} * 32,
               "fp8", "matmul_fp8: ", n_rows, " rows of ", n_in, " -> ", n_out);
-  const Fp8Plan p = fp8_plan(n_in, n_out, n_rows, col_groups);
+  const Fp8Plan p = fp8_plan(n_in, n_out, n_rows);
   float* part = static_cast<float*>(scratch);
   FERRY_CHECK(p.splits == 1 || part != nullptr, "fp8", "matmul_fp8 needs scratch here");
-  const auto tiles = p.wg == 2 ? (p.bn == 32 ? launch_fp8_tiles<32, 2> : launch_fp8_tiles<64, 2>)
-                               : (p.bn == 32 ? launch_fp8_tiles<32, 1> : launch_fp8_tiles<64, 1>);
-  tiles(p, w, w_scales, x, x_scales, n_in, n_out, n_rows, part, y, stream);
+  (p.bn == 32 ? launch_fp8_tiles<32> : launch_fp8_tiles<64>)(p, w, w_scales, x, x_scales, n_in,
+                                                             n_out, n_rows, part, y, stream);
   if (p.splits > 1) {
     const size_t total = n_rows * n_out;
     launch("fp8_split_sum", fp8_split_sum_kernel, detail::elementwise_blocks(total, 256), 256, 0,

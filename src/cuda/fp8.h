@@ -59,16 +59,12 @@ void gemv_fp8(const uint8_t* w, const float* w_scales, const uint16_t* x, size_t
 // reduced precision). Runs any row count; matmul_fp8_applies: n_in a
 // positive multiple of 16 and a device that runs the sm_90a image (Hopper). Like
 // gemv_fp8 it loads its first weights before its dependency wait.
-// col_groups: the 64-column warpgroups of a CTA, which share each stage's
-// activations (1 or 2; 0: FERRY_CUDA_FP8_WG, default 1). The scratch and the
-// results' bits depend on it (the k splits follow the column tiles); pass
-// the same value to matmul_fp8_scratch.
 inline constexpr size_t kFp8MmaRows = 64;
 bool matmul_fp8_applies(size_t n_in);
-size_t matmul_fp8_scratch(size_t n_in, size_t n_out, size_t n_rows, int col_groups = 0);
+size_t matmul_fp8_scratch(size_t n_in, size_t n_out, size_t n_rows);
 void matmul_fp8(const uint8_t* w, const float* w_scales, const uint8_t* x, const float* x_scales,
                 size_t n_in, size_t n_out, size_t n_rows, float* y, void* scratch,
-                cudaStream_t stream, int col_groups = 0);
+                cudaStream_t stream);
 
 // y[r, j] = acc[r, j] * (row_scale[r] * col_scale[j]) for [n_rows, n_out]
 // products; acc is f32 or bf16 (acc_bf16) and may be y itself when f32.

@@ -11,7 +11,6 @@
 #include <cstring>
 #include <limits>
 #include <random>
-#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -274,9 +273,7 @@ TEST_F(Fp8Test, DecodeKernelMatchesCodesMultipliedOut) {
 // split, 8,192 columns do not), and n_in of less than one stage of 128
 // (64), of many (14,336) and not a multiple of 128 (4,112: the last
 // stage is partly zeros). A second run of a shape gives the same bits
-// (the splits are added in one order). Each with one and with two 64-column
-// warpgroups a CTA (their second group partly or wholly past the last
-// column: 72, 200, 520, 8200 columns).
+// (the splits are added in one order).
 TEST_F(Fp8Test, MmaKernelMatchesCodesMultipliedOut) {
   if (!cuda::matmul_fp8_applies(64)) GTEST_SKIP() << "matmul_fp8 runs on Hopper only";
   EXPECT_FALSE(cuda::matmul_fp8_applies(72));  // n_in must be a multiple of 16
@@ -289,27 +286,23 @@ TEST_F(Fp8Test, MmaKernelMatchesCodesMultipliedOut) {
         Shape{14336, 200, 8}, Shape{4096, 1024, 17}, Shape{4096, 1024, 64}, Shape{256, 100, 65},
         Shape{192, 72, 130}, Shape{14336, 96, 33}, Shape{64, 8192, 24}, Shape{128, 8200, 57},
         Shape{4112, 200, 40}, Shape{208, 64, 32}, Shape{256, 704, 20}, Shape{384, 2624, 40},
-        Shape{384, 2500, 70}, Shape{4096, 4096, 48}})
-    for (const int groups : {1, 2}) {  // 64-column warpgroups a CTA
-      Fp8Operands o(rng, s.n_in, s.n_out, s.n_rows);
-      DeviceBuffer<uint8_t> scratch(
-          std::max<size_t>(cuda::matmul_fp8_scratch(s.n_in, s.n_out, s.n_rows, groups), 1));
-      const auto run = [&] {
-        cuda::matmul_fp8(o.wc.get(), o.ws.get(), o.xc.get(), o.xs.get(), s.n_in, s.n_out, s.n_rows,
-                         o.y.get(), scratch.get(), nullptr, groups);
-      };
-      const auto where = [&] {
-        return std::to_string(s.n_in) + "->" + std::to_string(s.n_out) + " x" +
-               std::to_string(s.n_rows) + ", " + std::to_string(groups) + " warpgroups";
-      };
-      run();
-      EXPECT_EQ(count_off(o, false), 0u) << where();
-      const std::vector<float> first = o.y.download();
-      o.y.poison();
-      scratch.poison();
-      run();
-      EXPECT_EQ(first_bit_diff(first, o.y.download().data(), first.size()), -1) << where();
-    }
+        Shape{384, 2500, 70}}) {
+    Fp8Operands o(rng, s.n_in, s.n_out, s.n_rows);
+    DeviceBuffer<uint8_t> scratch(
+        std::max<size_t>(cuda::matmul_fp8_scratch(s.n_in, s.n_out, s.n_rows), 1));
+    const auto run = [&] {
+      cuda::matmul_fp8(o.wc.get(), o.ws.get(), o.xc.get(), o.xs.get(), s.n_in, s.n_out, s.n_rows,
+                       o.y.get(), scratch.get(), nullptr);
+    };
+    run();
+    EXPECT_EQ(count_off(o, false), 0u) << s.n_in << "->" << s.n_out << " x" << s.n_rows;
+    const std::vector<float> first = o.y.download();
+    o.y.poison();
+    scratch.poison();
+    run();
+    EXPECT_EQ(first_bit_diff(first, o.y.download().data(), first.size()), -1)
+        << s.n_in << "->" << s.n_out << " x" << s.n_rows;
+  }
 }
 
 // Bad shapes are refused with an error naming the operation, before any
