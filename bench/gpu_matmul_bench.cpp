@@ -18,10 +18,8 @@
 //   rows), matmul_fp8 (with its split sum; Hopper), cuBLASLt's FP8
 //   product (Fp8Gemm) and quantize_fp8_rows, back to back (and the mma
 //   kernels alone: one call on an idle GPU, what a step's chain of kernels
-//   pays); then Q/K/V and gate + up as separate matmul_fp8 launches and
-//   as one matmul_fp8_many. Its environment knobs
-//   (FERRY_CUDA_FP8_MIN_STAGES, FERRY_CUDA_PRE_STAGES) apply, so one
-//   binary times their variants.
+//   pays). Its environment knobs (FERRY_CUDA_FP8_MIN_STAGES,
+//   FERRY_CUDA_PRE_STAGES) apply, so one binary times their variants.
 // Built with -DFERRY_CUDA=ON (tests/CMakeLists.txt); needs a GPU.
 //
 // Seen on an H200 (2026-12-02; copy 4235 GB/s, cuBLAS 791 TFLOP/s), matmul_tc
@@ -226,85 +224,6 @@ void fp8_bench(double copy_gbs) {
   CK(cudaFree(workspace));
 }
 
-// --fp8, the weights of one call: Q/K/V and gate + up as matmul_fp8
-// launches one after another ("apart") and as one matmul_fp8_many launch
-// ("together"), back to back and alone; E4M3 codes of random bf16 weights,
-// each group's weights in enough copies (>= 256 MB) that L2 cannot hold
-// them. GB/s and %HBM: together's, of the codes.
-void fp8_group_bench(double copy_gbs) {
-  if (!cuda::matmul_fp8_applies(4096)) return;
-  struct Group {
-    const char* name;
-    std::vector<size_t> outs;
-  };
-  const size_t n_in = 4096, max_rows = 64;
-  const Group groups[] = {{"qkv 4096->4096+1024+1024", {4096, 1024, 1024}},
-                          {"gate+up 4096->2x14336", {14336, 14336}}};
-  std::printf("\n%-24s %4s | %8s %8s | %8s %8s %6s %5s\n", "weights", "rows", "apart us",
-              "alone us", "together", "alone us", "GB/s", "%HBM");
-  for (const Group& gr : groups) {
-    const size_t n = gr.outs.size();
-    size_t total = 0;
-    for (size_t o : gr.outs) total += n_in * o;
-    const size_t copies = std::max<size_t>(2, ((size_t{256} << 20) + total - 1) / total);
-    std::vector<void*> owned;
-    const auto alloc = [&](size_t bytes) {
-      void* p = nullptr;
-      CK(cudaMalloc(&p, bytes));
-      owned.push_back(p);
-      return p;
-    };
-    std::vector<std::vector<uint8_t*>> w(n, std::vector<uint8_t*>(copies));
-    std::vector<float*> ws(n), y(n);
-    for (size_t g = 0; g < n; ++g) {
-      uint16_t* wb = random_bf16(n_in * gr.outs[g]);
-      ws[g] = static_cast<float*>(alloc(gr.outs[g] * 4));
-      y[g] = static_cast<float*>(alloc(max_rows * gr.outs[g] * 4));
-      for (auto& p : w[g]) {
-        p = static_cast<uint8_t*>(alloc(n_in * gr.outs[g]));
-        cuda::quantize_fp8_rows(wb, DType::BF16, gr.outs[g], n_in, p, ws[g], nullptr);
-      }
-      CK(cudaFree(wb));
-    }
-    uint16_t* xb = random_bf16(max_rows * n_in);
-    auto* xc = static_cast<uint8_t*>(alloc(max_rows * n_in));
-    auto* xs = static_cast<float*>(alloc(max_rows * 4));
-    cuda::quantize_fp8_rows(xb, DType::BF16, max_rows, n_in, xc, xs, nullptr);
-    CK(cudaFree(xb));
-    const auto weights = [&](size_t i) {
-      std::vector<cuda::Fp8Weight> f(n);
-      for (size_t g = 0; g < n; ++g) f[g] = {w[g][i % copies], ws[g], gr.outs[g], y[g]};
-      return f;
-    };
-    size_t scratch_bytes = 1;
-    for (size_t rows = 1; rows <= max_rows; ++rows) {
-      scratch_bytes =
-          std::max(scratch_bytes, cuda::matmul_fp8_many_scratch(weights(0), n_in, rows));
-      for (size_t o : gr.outs)
-        scratch_bytes = std::max(scratch_bytes, cuda::matmul_fp8_scratch(n_in, o, rows));
-    }
-    void* scratch = alloc(scratch_bytes);
-    CK(cudaDeviceSynchronize());
-    for (size_t rows : {size_t{4}, size_t{9}, size_t{16}, size_t{34}, size_t{64}}) {
-      const auto apart = [&](size_t i) {
-        for (size_t g = 0; g < n; ++g)
-          cuda::matmul_fp8(w[g][i % copies], ws[g], xc, xs, n_in, gr.outs[g], rows, y[g], scratch,
-                           nullptr);
-      };
-      const auto together = [&](size_t i) {
-        cuda::matmul_fp8_many(weights(i), xc, xs, n_in, rows, scratch, nullptr);
-      };
-      const double tp = time_launches(apart, 15), tpa = time_alone(apart, 15);
-      const double tt = time_launches(together, 15), tta = time_alone(together, 15);
-      std::printf("%-24s %4zu | %8.1f %8.1f | %8.1f %8.1f %6.0f %4.0f%%\n", gr.name, rows, tp * 1e6,
-                  tpa * 1e6, tt * 1e6, tta * 1e6, total / tt / 1e9,
-                  100 * total / tt / 1e9 / copy_gbs);
-      std::fflush(stdout);
-    }
-    for (void* p : owned) CK(cudaFree(p));
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -362,7 +281,6 @@ int main(int argc, char** argv) {
 
   if (fp8) {
     fp8_bench(copy_gbs);
-    fp8_group_bench(copy_gbs);
     cublasDestroy(blas);
     return 0;
   }

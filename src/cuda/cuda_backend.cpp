@@ -483,23 +483,9 @@ class CudaBackend final : public model::Backend {
     const size_t scales = (n_rows * sizeof(float) + 255) / 256 * 256;
     size_t scratch = 0;
     for (const kernels::WeightView& w : ws)
-      scratch = std::max(scratch, fp8_->scratch_bytes(w.n_out, n_rows));
-    if (fp8_mma_takes(n_in, n_rows)) {
-      // matmul_fp8_many's groups as matmul_many forms them: the call's FP8
-      // weights in order, fp8_group_ at a time.
-      std::array<Fp8Weight, kFp8MaxGroup> group;
-      size_t held = 0;
-      for (const kernels::WeightView& w : ws) {
-        if (w.type != kFp8) continue;
-        group[held++].n_out = w.n_out;
-        if (held == fp8_group_) {
-          scratch = std::max(scratch, matmul_fp8_many_scratch({group.data(), held}, n_in, n_rows));
-          held = 0;
-        }
-      }
-      if (held > 0)
-        scratch = std::max(scratch, matmul_fp8_many_scratch({group.data(), held}, n_in, n_rows));
-    }
+      scratch =
+          std::max({scratch, fp8_->scratch_bytes(w.n_out, n_rows),
+                    fp8_mma_takes(n_in, n_rows) ? matmul_fp8_scratch(n_in, w.n_out, n_rows) : 0});
     auto* p = static_cast<uint8_t*>(x8_.get(codes + scales + scratch, stream_));
     Fp8Rows r{p, reinterpret_cast<float*>(p + codes), scratch ? p + codes + scales : nullptr};
     if (fp8_copy_.x == x && fp8_copy_.n_rows == n_rows && fp8_copy_.n == n_in) {
@@ -654,16 +640,6 @@ class CudaBackend final : public model::Backend {
       cuda::matmul_q8_many(p.w(), p.type, ws[0].n_in, p.n_out(), xq.codes, xq.d, xq.dsum, n_rows,
                            p.y(), stream_);
     });
-    // FP8 products for matmul_fp8 wait here to share a launch (up to
-    // fp8_group_ weights: Q/K/V, gate and up).
-    std::array<Fp8Weight, kFp8MaxGroup> fp8_group;
-    size_t fp8_held = 0;
-    const auto fp8_flush = [&] {
-      if (fp8_held == 0) return;
-      matmul_fp8_many({fp8_group.data(), fp8_held}, x8.codes, x8.scales, ws[0].n_in, n_rows,
-                      x8.scratch, stream_);
-      fp8_held = 0;
-    };
     for (size_t i = 0; i < ws.size(); ++i) {
       const kernels::WeightView& w = ws[i];
       const bool small = opts_.deterministic || n_rows <= kFastMatvecRows;
@@ -673,13 +649,12 @@ class CudaBackend final : public model::Backend {
         gemv_fp8(fp8_codes(w), fp8_scales(w), xb, w.n_in, w.n_out, n_rows, ys[i], stream_);
       } else if (w.type == kFp8) {
         if (!x8.codes) x8 = quantize_fp8(x, n_rows, w.n_in, ws);
-        if (fp8_mma_takes(w.n_in, n_rows)) {
-          fp8_group[fp8_held++] = {fp8_codes(w), fp8_scales(w), w.n_out, ys[i]};
-          if (fp8_held == fp8_group_) fp8_flush();
-        } else {
+        if (fp8_mma_takes(w.n_in, n_rows))
+          matmul_fp8(fp8_codes(w), fp8_scales(w), x8.codes, x8.scales, w.n_in, w.n_out, n_rows,
+                     ys[i], x8.scratch, stream_);
+        else
           fp8_->product(fp8_codes(w), fp8_scales(w), x8.codes, x8.scales, w.n_in, w.n_out, n_rows,
                         ys[i], x8.scratch, stream_);
-        }
       } else if (int8_takes(w)) {
         if (!xq.codes) xq = quantize_rows(x, n_rows, w.n_in);
         q8_wait.add(w, w.data, ys[i]);
@@ -697,7 +672,6 @@ class CudaBackend final : public model::Backend {
     }
     tc_wait.flush();
     q8_wait.flush();
-    fp8_flush();
   }
 
   // Int8 mode (--matmul int8, the CLI's default) takes Q4_K and Q6_K weights
@@ -1419,10 +1393,6 @@ class CudaBackend final : public model::Backend {
   // streams 1.26x, 2 streams the same as at 8; docs/BENCHMARKS.md).
   const size_t fp8_gemv_rows_ =
       std::min(knob_size("FERRY_CUDA_FP8_GEMV_ROWS", kFp8GemvDefaultRows), kFp8GemvRows);
-  // --fp8: the matmul_fp8 products of one call (Q/K/V, gate and up) share
-  // a launch, up to this many (1: one launch a weight).
-  const size_t fp8_group_ =
-      std::clamp<size_t>(knob_size("FERRY_CUDA_FP8_GROUP", kFp8MaxGroup), 1, kFp8MaxGroup);
   // --fp8: norms write their output's E4M3 codes (off: quantize launches).
   const bool fp8_codes_ = !knob_off("FERRY_CUDA_FP8_CODES");
   Fp8Copy fp8_copy_;

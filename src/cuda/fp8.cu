@@ -215,27 +215,16 @@ struct Fp8WgTile {
   // + alignment, + the stages' full and empty barriers
   static constexpr size_t kSmemBytes = size_t{kStages} * kStageBytes + 1024 + 16 * kStages;
 };
-// A launch's weights (one for matmul_fp8, up to kFp8MaxGroup for
-// matmul_fp8_many): weight g owns the grid's column tiles from
-// tile_end[g - 1] (0 for the first) to tile_end[g], and its outputs are
-// columns col0[g] on of the launch's concatenated outputs (the scratch's
-// rows where k is split).
-struct Fp8Outs {
-  const float* ws[kFp8MaxGroup];
-  float* y[kFp8MaxGroup];
-  uint32_t n_out[kFp8MaxGroup], col0[kFp8MaxGroup], tile_end[kFp8MaxGroup];
-  uint32_t n, cols;  // weights; columns in all
-};
 struct Fp8Maps {
-  CUtensorMap w[kFp8MaxGroup], x;  // boxes of 128 codes x 64 weight rows / BN activation rows
-  Fp8Outs o;
+  CUtensorMap w, x;  // boxes of 128 codes x 64 weight rows / BN activation rows
 };
 
 template <int BN>
 __global__ void __launch_bounds__(Fp8WgTile<BN>::kThreads)
-    matmul_fp8_kernel(const __grid_constant__ Fp8Maps maps, const float* __restrict__ xs,
-                      uint32_t n_in, uint32_t n_rows, uint32_t split_tiles, uint32_t pre_stages,
-                      float* __restrict__ part) {
+    matmul_fp8_kernel(const __grid_constant__ Fp8Maps maps, const float* __restrict__ ws,
+                      const float* __restrict__ xs, uint32_t n_in, uint32_t n_out, uint32_t n_rows,
+                      uint32_t split_tiles, uint32_t pre_stages, float* __restrict__ part,
+                      float* __restrict__ y) {
 #if FERRY_SM90A
   using T = Fp8WgTile<BN>;
   constexpr int S = T::kStages;
@@ -243,11 +232,7 @@ __global__ void __launch_bounds__(Fp8WgTile<BN>::kThreads)
   const uint32_t smem =
       (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
   const uint32_t full = smem + S * T::kStageBytes, empty = full + 8 * S;
-  uint32_t g = 0;  // this CTA's weight
-  while (g + 1 < maps.o.n && blockIdx.x >= maps.o.tile_end[g]) ++g;
-  const uint32_t j0 = (blockIdx.x - (g > 0 ? maps.o.tile_end[g - 1] : 0)) * kWgCols;
-  const uint32_t r0 = blockIdx.z * BN, n_out = maps.o.n_out[g];
-  const CUtensorMap* w_map = &maps.w[g];
+  const uint32_t j0 = blockIdx.x * kWgCols, r0 = blockIdx.z * BN;
   const uint32_t k_tiles = (n_in + kWgK - 1) / kWgK, kt0 = blockIdx.y * split_tiles;
   const uint32_t nt = min(split_tiles, k_tiles - kt0);  // this CTA's stages
 
@@ -265,7 +250,7 @@ __global__ void __launch_bounds__(Fp8WgTile<BN>::kThreads)
       auto issue_w = [&](uint32_t i) {
         const uint32_t st = smem + (i % S) * T::kStageBytes, bar = full + 8 * (i % S);
         detail::mbar_expect_tx(bar, T::kStageBytes);
-        detail::tma_load_2d(st, w_map, static_cast<int>((kt0 + i) * kWgK), static_cast<int>(j0),
+        detail::tma_load_2d(st, &maps.w, static_cast<int>((kt0 + i) * kWgK), static_cast<int>(j0),
                             bar);
       };
       auto issue_x = [&](uint32_t i) {
@@ -310,48 +295,36 @@ __global__ void __launch_bounds__(Fp8WgTile<BN>::kThreads)
     for (int e = 0; e < BN / 2; ++e) acc[e] += chain[e];
   }
 
-  // acc[4i + e]: column j0 + 16 warp + gq (+ 8 for e >= 2), row r0 + 8i + 2c + (e & 1).
+  // acc[4i + e]: column j0 + 16 warp + g (+ 8 for e >= 2), row r0 + 8i + 2c + (e & 1).
   const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
-  const int gq = lane / 4, c = lane % 4;
-  // Split: the sums into the scratch's rows of all the launch's columns;
-  // else scaled into the weight's y.
-  const bool split = gridDim.y > 1;
-  const size_t pitch = split ? maps.o.cols : n_out;
-  float* out = split ? part + static_cast<size_t>(blockIdx.y) * n_rows * pitch + maps.o.col0[g]
-                     : maps.o.y[g];
-  const float* ws = maps.o.ws[g];
+  const int g = lane / 4, c = lane % 4;
+  float* out = gridDim.y > 1 ? part + static_cast<size_t>(blockIdx.y) * n_rows * n_out : y;
 #pragma unroll
   for (int i = 0; i < BN / 8; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const uint32_t j = j0 + warp * 16 + gq + 8 * (e / 2), r = r0 + i * 8 + 2 * c + e % 2;
+      const uint32_t j = j0 + warp * 16 + g + 8 * (e / 2), r = r0 + i * 8 + 2 * c + e % 2;
       if (j < n_out && r < n_rows)
-        out[static_cast<size_t>(r) * pitch + j] =
-            split ? acc[i * 4 + e] : fp8_scaled(acc[i * 4 + e], xs[r], ws[j]);
+        out[static_cast<size_t>(r) * n_out + j] =
+            gridDim.y > 1 ? acc[i * 4 + e] : fp8_scaled(acc[i * 4 + e], xs[r], ws[j]);
     }
 #else
-  (void)maps, (void)xs, (void)n_in, (void)n_rows, (void)split_tiles, (void)pre_stages, (void)part;
+  (void)maps, (void)ws, (void)xs, (void)n_in, (void)n_out, (void)n_rows, (void)split_tiles;
+  (void)pre_stages, (void)part, (void)y;
   (void)Fp8WgTile<BN>::kWBytes;  // (the sm_90a image's)
 #endif
 }
 
-// y = (part[0] + part[1] + ... in order) * (x_scale * w_scale), part's
-// rows holding all the launch's columns (o.cols), each weight's from
-// o.col0[g].
+// y = (part[0] + part[1] + ... in order) * (x_scale * w_scale).
 __global__ void fp8_split_sum_kernel(const float* __restrict__ part, uint32_t splits,
-                                     const float* __restrict__ xs,
-                                     const __grid_constant__ Fp8Outs o, size_t total) {
+                                     const float* __restrict__ xs, const float* __restrict__ ws,
+                                     uint32_t n_out, size_t total, float* __restrict__ y) {
   dependency_wait();
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < total;
        i += size_t{gridDim.x} * blockDim.x) {
     float v = part[i];
     for (uint32_t s = 1; s < splits; ++s) v += part[s * total + i];
-    const size_t r = i / o.cols;
-    const uint32_t col = static_cast<uint32_t>(i % o.cols);
-    uint32_t g = 0;
-    while (g + 1 < o.n && col >= o.col0[g + 1]) ++g;
-    const uint32_t j = col - o.col0[g];
-    o.y[g][r * o.n_out[g] + j] = fp8_scaled(v, xs[r], o.ws[g][j]);
+    y[i] = fp8_scaled(v, xs[i / n_out], ws[i % n_out]);
   }
 }
 
@@ -368,12 +341,11 @@ uint32_t min_split_stages() {
       std::clamp<size_t>(knob_size("FERRY_CUDA_FP8_MIN_STAGES", 4), 1, 1u << 16));
   return v;
 }
-// col_tiles: the launch's column tiles (all its weights').
-Fp8Plan fp8_plan(size_t n_in, size_t col_tiles, size_t n_rows) {
+Fp8Plan fp8_plan(size_t n_in, size_t n_out, size_t n_rows) {
   Fp8Plan p{};
   p.bn = n_rows <= 32 ? 32 : 64;
   p.row_tiles = static_cast<uint32_t>((n_rows + p.bn - 1) / p.bn);
-  p.col_tiles = static_cast<uint32_t>(col_tiles);
+  p.col_tiles = static_cast<uint32_t>((n_out + kWgCols - 1) / kWgCols);
   const uint32_t k_tiles = static_cast<uint32_t>((n_in + kWgK - 1) / kWgK);
   const size_t wave = 2 * tc::device_sms();
   const uint32_t splits = static_cast<uint32_t>(std::max<size_t>(
@@ -384,41 +356,18 @@ Fp8Plan fp8_plan(size_t n_in, size_t col_tiles, size_t n_rows) {
   return p;
 }
 
-uint32_t col_tiles(size_t n_out) {
-  return static_cast<uint32_t>((n_out + kWgCols - 1) / kWgCols);
-}
-
-// A launch's outputs: the weights' columns concatenated, their tiles in order.
-Fp8Outs fp8_outs(std::span<const Fp8Weight> ws) {
-  Fp8Outs o{};
-  o.n = static_cast<uint32_t>(ws.size());
-  uint32_t tiles = 0;
-  for (size_t g = 0; g < ws.size(); ++g) {
-    o.ws[g] = ws[g].scales;
-    o.y[g] = ws[g].y;
-    o.n_out[g] = static_cast<uint32_t>(ws[g].n_out);
-    o.col0[g] = o.cols;
-    o.cols += o.n_out[g];
-    o.tile_end[g] = tiles += col_tiles(ws[g].n_out);
-  }
-  return o;
-}
-
 template <int BN>
-void launch_fp8_tiles(const Fp8Plan& p, std::span<const Fp8Weight> ws, const Fp8Outs& o,
-                      const uint8_t* x, const float* xs, size_t n_in, size_t n_rows, float* part,
-                      cudaStream_t stream) {
+void launch_fp8_tiles(const Fp8Plan& p, const uint8_t* w, const float* ws, const uint8_t* x,
+                      const float* xs, size_t n_in, size_t n_out, size_t n_rows, float* part,
+                      float* y, cudaStream_t stream) {
   using T = Fp8WgTile<BN>;
   detail::raise_smem_limit<matmul_fp8_kernel<BN>>(T::kSmemBytes);
-  Fp8Maps maps{};
-  for (size_t g = 0; g < ws.size(); ++g)  // (a weight of no columns has no tiles to read)
-    if (ws[g].n_out > 0)
-      maps.w[g] = tc::tensor_map_sw128(ws[g].codes, 1, n_in, ws[g].n_out, kWgCols);
-  maps.x = tc::tensor_map_sw128(x, 1, n_in, n_rows, BN);
-  maps.o = o;
+  const Fp8Maps maps{tc::tensor_map_sw128(w, 1, n_in, n_out, kWgCols),
+                     tc::tensor_map_sw128(x, 1, n_in, n_rows, BN)};
   launch("matmul_fp8", matmul_fp8_kernel<BN>, dim3(p.col_tiles, p.splits, p.row_tiles), T::kThreads,
-         T::kSmemBytes, stream, maps, xs, static_cast<uint32_t>(n_in),
-         static_cast<uint32_t>(n_rows), p.split_tiles, tc::pre_stages(), part);
+         T::kSmemBytes, stream, maps, ws, xs, static_cast<uint32_t>(n_in),
+         static_cast<uint32_t>(n_out), static_cast<uint32_t>(n_rows), p.split_tiles,
+         tc::pre_stages(), part, y);
 }
 
 }  // namespace
@@ -477,49 +426,28 @@ bool matmul_fp8_applies(size_t n_in) {
   return n_in > 0 && n_in % 16 == 0 && n_in < (size_t{1} << 31) && tc::wgmma_available();
 }
 
-size_t matmul_fp8_many_scratch(std::span<const Fp8Weight> ws, size_t n_in, size_t n_rows) {
-  size_t cols = 0, tiles = 0;
-  for (const Fp8Weight& w : ws) {
-    cols += w.n_out;
-    tiles += col_tiles(w.n_out);
-  }
-  if (!matmul_fp8_applies(n_in) || n_rows == 0 || cols == 0) return 0;
-  const Fp8Plan p = fp8_plan(n_in, tiles, n_rows);
-  return p.splits > 1 ? size_t{p.splits} * n_rows * cols * sizeof(float) : 0;
-}
-
 size_t matmul_fp8_scratch(size_t n_in, size_t n_out, size_t n_rows) {
-  const Fp8Weight w{nullptr, nullptr, n_out, nullptr};
-  return matmul_fp8_many_scratch({&w, 1}, n_in, n_rows);
-}
-
-void matmul_fp8_many(std::span<const Fp8Weight> ws, const uint8_t* x, const float* x_scales,
-                     size_t n_in, size_t n_rows, void* scratch, cudaStream_t stream) {
-  FERRY_CHECK(!ws.empty() && ws.size() <= kFp8MaxGroup, "fp8", "matmul_fp8_many: ", ws.size(),
-              " weights (1 to ", kFp8MaxGroup, ")");
-  size_t cols = 0;
-  for (const Fp8Weight& w : ws) cols += w.n_out;
-  if (n_rows == 0 || cols == 0) return;
-  FERRY_CHECK(matmul_fp8_applies(n_in) && cols < (size_t{1} << 31) && n_rows <= size_t{65535} * 32,
-              "fp8", "matmul_fp8: ", n_rows, " rows of ", n_in, " -> ", cols);
-  const Fp8Outs o = fp8_outs(ws);
-  const Fp8Plan p = fp8_plan(n_in, o.tile_end[o.n - 1], n_rows);
-  float* part = static_cast<float*>(scratch);
-  FERRY_CHECK(p.splits == 1 || part != nullptr, "fp8", "matmul_fp8 needs scratch here");
-  (p.bn == 32 ? launch_fp8_tiles<32> : launch_fp8_tiles<64>)(p, ws, o, x, x_scales, n_in, n_rows,
-                                                             part, stream);
-  if (p.splits > 1) {
-    const size_t total = n_rows * cols;
-    launch("fp8_split_sum", fp8_split_sum_kernel, detail::elementwise_blocks(total, 256), 256, 0,
-           stream, part, p.splits, x_scales, o, total);
-  }
+  if (!matmul_fp8_applies(n_in) || n_rows == 0 || n_out == 0) return 0;
+  const Fp8Plan p = fp8_plan(n_in, n_out, n_rows);
+  return p.splits > 1 ? size_t{p.splits} * n_rows * n_out * sizeof(float) : 0;
 }
 
 void matmul_fp8(const uint8_t* w, const float* w_scales, const uint8_t* x, const float* x_scales,
                 size_t n_in, size_t n_out, size_t n_rows, float* y, void* scratch,
                 cudaStream_t stream) {
-  const Fp8Weight one{w, w_scales, n_out, y};
-  matmul_fp8_many({&one, 1}, x, x_scales, n_in, n_rows, scratch, stream);
+  if (n_rows == 0 || n_out == 0) return;
+  FERRY_CHECK(matmul_fp8_applies(n_in) && n_out < (size_t{1} << 31) && n_rows <= size_t{65535} * 32,
+              "fp8", "matmul_fp8: ", n_rows, " rows of ", n_in, " -> ", n_out);
+  const Fp8Plan p = fp8_plan(n_in, n_out, n_rows);
+  float* part = static_cast<float*>(scratch);
+  FERRY_CHECK(p.splits == 1 || part != nullptr, "fp8", "matmul_fp8 needs scratch here");
+  (p.bn == 32 ? launch_fp8_tiles<32> : launch_fp8_tiles<64>)(p, w, w_scales, x, x_scales, n_in,
+                                                             n_out, n_rows, part, y, stream);
+  if (p.splits > 1) {
+    const size_t total = n_rows * n_out;
+    launch("fp8_split_sum", fp8_split_sum_kernel, detail::elementwise_blocks(total, 256), 256, 0,
+           stream, part, p.splits, x_scales, w_scales, static_cast<uint32_t>(n_out), total, y);
+  }
 }
 
 void scale_fp8_product(const void* acc, bool acc_bf16, const float* row_scale,

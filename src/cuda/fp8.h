@@ -12,7 +12,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <span>
 
 #include "core/dtype.h"
 
@@ -66,23 +65,6 @@ size_t matmul_fp8_scratch(size_t n_in, size_t n_out, size_t n_rows);
 void matmul_fp8(const uint8_t* w, const float* w_scales, const uint8_t* x, const float* x_scales,
                 size_t n_in, size_t n_out, size_t n_rows, float* y, void* scratch,
                 cudaStream_t stream);
-
-// Up to kFp8MaxGroup weights of one n_in against the same activations in
-// one launch (Q/K/V, gate and up): the weights' column tiles side by side
-// in one grid, one k split for all, and one fp8_split_sum launch where k
-// is split. Each y is matmul_fp8's product under the group's cut (its bits
-// may differ from a lone call's where the split does; they depend on the
-// group's shapes and the GPU only). Scratch: matmul_fp8_many_scratch bytes.
-inline constexpr size_t kFp8MaxGroup = 3;
-struct Fp8Weight {
-  const uint8_t* codes = nullptr;
-  const float* scales = nullptr;
-  size_t n_out = 0;
-  float* y = nullptr;
-};
-size_t matmul_fp8_many_scratch(std::span<const Fp8Weight> ws, size_t n_in, size_t n_rows);
-void matmul_fp8_many(std::span<const Fp8Weight> ws, const uint8_t* x, const float* x_scales,
-                     size_t n_in, size_t n_rows, void* scratch, cudaStream_t stream);
 
 // y[r, j] = acc[r, j] * (row_scale[r] * col_scale[j]) for [n_rows, n_out]
 // products; acc is f32 or bf16 (acc_bf16) and may be y itself when f32.

@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <random>
 #include <vector>
 
@@ -306,60 +305,9 @@ TEST_F(Fp8Test, MmaKernelMatchesCodesMultipliedOut) {
   }
 }
 
-// matmul_fp8_many: weights of one n_in against the same codes in one
-// launch, each output as close to its codes multiplied out as a lone
-// product's: groups of 1-3 weights with partial column tiles, weights of
-// no columns (first, middle, last), k split (narrow groups: Q/K/V at 9
-// and 64 rows) and not (wide ones: gate and up), 32- and 64-row tiles; a
-// second run, scratch poisoned in between, gives the same bits.
-TEST_F(Fp8Test, MmaKernelRunsWeightsTogether) {
-  if (!cuda::matmul_fp8_applies(64)) GTEST_SKIP() << "matmul_fp8 runs on Hopper only";
-  std::mt19937 rng(29);
-  struct Case {
-    size_t n_in, n_rows;
-    std::vector<size_t> outs;
-  };
-  for (const Case& c :
-       {Case{4096, 64, {4096, 1024, 1024}}, Case{4096, 9, {4096, 1024, 1024}},
-        Case{4096, 34, {14336, 14336}}, Case{1024, 20, {100, 0, 72}}, Case{14336, 40, {96}},
-        Case{256, 70, {8200, 40}}, Case{256, 20, {0, 100}}, Case{256, 70, {100, 0}}}) {
-    std::vector<std::unique_ptr<Fp8Operands>> o;
-    for (size_t n : c.outs) {
-      o.push_back(std::make_unique<Fp8Operands>(rng, c.n_in, n, c.n_rows));
-      if (o.size() == 1) continue;
-      // Every weight reads the first one's activations.
-      CK(cudaMemcpy(o.back()->xc.get(), o[0]->xc.get(), c.n_rows * c.n_in,
-                    cudaMemcpyDeviceToDevice));
-      CK(cudaMemcpy(o.back()->xs.get(), o[0]->xs.get(), c.n_rows * 4, cudaMemcpyDeviceToDevice));
-    }
-    std::vector<cuda::Fp8Weight> ws;
-    for (auto& p : o) ws.push_back({p->wc.get(), p->ws.get(), p->n_out, p->y.get()});
-    DeviceBuffer<uint8_t> scratch(
-        std::max<size_t>(cuda::matmul_fp8_many_scratch(ws, c.n_in, c.n_rows), 1));
-    const auto run = [&] {
-      cuda::matmul_fp8_many(ws, o[0]->xc.get(), o[0]->xs.get(), c.n_in, c.n_rows, scratch.get(),
-                            nullptr);
-      CK(cudaDeviceSynchronize());
-    };
-    run();
-    std::vector<std::vector<float>> first;
-    for (auto& p : o) {
-      EXPECT_EQ(count_off(*p, false), 0u) << c.n_in << "->" << p->n_out << " x" << c.n_rows;
-      first.push_back(p->y.download());
-      p->y.poison();
-    }
-    scratch.poison();
-    run();
-    for (size_t g = 0; g < o.size(); ++g)
-      EXPECT_EQ(first_bit_diff(first[g], o[g]->y.download().data(), first[g].size()), -1)
-          << c.n_in << "->" << o[g]->n_out << " x" << c.n_rows;
-  }
-}
-
 // Bad shapes are refused with an error naming the operation, before any
 // device work (no GPU needed): matmul_fp8 with n_in 0 or not a multiple of 16,
-// a tensor map of elements neither 1 nor 2 bytes wide, and matmul_fp8_many
-// with no weights or more than it takes.
+// and a tensor map of elements neither 1 nor 2 bytes wide.
 TEST(Fp8Errors, BadShapesAreRefused) {
   float y = 0.0f;
   EXPECT_FALSE(cuda::matmul_fp8_applies(72));
@@ -369,10 +317,6 @@ TEST(Fp8Errors, BadShapesAreRefused) {
   EXPECT_THROW(cuda::matmul_fp8(nullptr, nullptr, nullptr, nullptr, 0, 8, 9, &y, nullptr, nullptr),
                Error);
   EXPECT_THROW(cuda::tc::tensor_map_sw128(nullptr, 4, 64, 8, 8), Error);
-  // matmul_fp8_many takes 1 to kFp8MaxGroup weights.
-  const std::vector<cuda::Fp8Weight> none, four(cuda::kFp8MaxGroup + 1, {nullptr, nullptr, 8, &y});
-  EXPECT_THROW(cuda::matmul_fp8_many(none, nullptr, nullptr, 64, 9, nullptr, nullptr), Error);
-  EXPECT_THROW(cuda::matmul_fp8_many(four, nullptr, nullptr, 64, 9, nullptr, nullptr), Error);
 }
 
 }  // namespace
