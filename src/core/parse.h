@@ -1,10 +1,11 @@
 // Whole unsigned decimal numbers from text (environment knobs).
 #pragma once
 
+#include <charconv>
 #include <cstddef>
-#include <limits>
 #include <optional>
 #include <string_view>
+#include <system_error>
 
 namespace ferry {
 
@@ -12,14 +13,11 @@ namespace ferry {
 // suffix), or nullopt when it is empty, holds anything else, or does not
 // fit a size_t.
 inline std::optional<size_t> parse_decimal(std::string_view text) {
-  if (text.empty()) return std::nullopt;
+  // (from_chars takes no sign, space or prefix for an unsigned type.)
   size_t v = 0;
-  for (char ch : text) {
-    if (ch < '0' || ch > '9') return std::nullopt;
-    const auto d = static_cast<size_t>(ch - '0');
-    if (v > (std::numeric_limits<size_t>::max() - d) / 10) return std::nullopt;
-    v = v * 10 + d;
-  }
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (ec != std::errc{} || ptr != end) return std::nullopt;
   return v;
 }
 

@@ -1390,7 +1390,7 @@ class CudaBackend final : public model::Backend {
   // take gemv_fp8 (bf16 activations), larger ones the FP8 mma products.
   // 2: gemv_fp8 re-reads every activation row in each block, so from 3 rows
   // on matmul_fp8 is faster (session 45, H100: 8 streams decode 2.4x, 4
-  // streams 1.26x, 2 streams the same as at 8; docs/BENCHMARKS.md).
+  // streams 1.25x, 2 streams the same as at 8; docs/BENCHMARKS.md).
   const size_t fp8_gemv_rows_ =
       std::min(knob_size("FERRY_CUDA_FP8_GEMV_ROWS", kFp8GemvDefaultRows), kFp8GemvRows);
   // --fp8: norms write their output's E4M3 codes (off: quantize launches).
